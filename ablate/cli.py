@@ -1,0 +1,487 @@
+"""The `ablate` command. User errors print one clear message and exit 2, without a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ablate.errors import AblateError
+
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, highlight=False)
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {}
+
+
+def command(name: str) -> Callable:
+    def register(fn: Callable[[argparse.Namespace], int | None]) -> Callable:
+        COMMANDS[name] = fn
+        return fn
+
+    return register
+
+
+def human_seconds(seconds: float) -> str:
+    hours, rest = divmod(int(round(seconds)), 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def human_count(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(int(n))
+
+
+# ---------------------------------------------------------------- plan
+
+
+def _param_counts(trial: Any) -> tuple[int | None, int | None]:
+    """(total, inter-token) parameters from the family's formula, or (None, None) if it has none yet."""
+    from ablate import models
+
+    try:
+        fam = models.family(trial.architecture)
+    except ModuleNotFoundError:
+        return None, None
+    vocab = trial.tokenizer.vocab_size or 32000
+    total = fam.param_count(trial, vocab) if hasattr(fam, "param_count") else None
+    inter = fam.inter_token_params(trial) if hasattr(fam, "inter_token_params") else None
+    return total, inter
+
+
+@command("plan")
+def cmd_plan(args: argparse.Namespace) -> int:
+    from ablate.spec import load_trials, reference_for
+
+    spec, trials = load_trials(args.spec, max_trials=args.max_trials)
+    table = Table(title=f"sweep {spec.name}: {spec.description}".rstrip(": "), title_justify="left")
+    for col in ("#", "fingerprint", "architecture", "options", "d_model", "layers", "heads", "context", "lr",
+                "batch", "seed", "params", "inter-token", "reference"):
+        table.add_column(col, justify="right" if col not in ("fingerprint", "architecture", "options") else "left")
+    per_class: dict[str, float] = defaultdict(float)
+    for i, t in enumerate(trials):
+        total, inter = _param_counts(t)
+        ref = reference_for(spec, t)
+        ref_text = "" if ref is None else "/".join(
+            "-" if v is None else f"{v:.2f}" if round(v, 2) == v else str(v) for v in (ref.train, ref.eval))
+        if ref is not None and ref.memory_mb is not None:
+            ref_text = f"{ref.memory_mb} MB"
+        opts = ",".join(f"{k}={v}" for k, v in sorted(t.options.items()))
+        table.add_row(str(i), t.fingerprint(), t.architecture, opts, str(t.d_model), str(t.layers),
+                      str(t.heads or "-"), str(t.context), f"{t.lr:g}", str(t.batch_size), str(t.seed),
+                      human_count(total), human_count(inter), ref_text)
+        key = f"{t.budget.gpus}x {t.budget.hardware}"
+        per_class[key] += t.budget.amount
+    console.print(table)
+    console.print(f"{len(trials)} trials; budget per trial: {spec.budget.describe()}")
+    kind = spec.budget.kind
+    for key, amount in per_class.items():
+        if kind == "wall_clock":
+            console.print(f"total on {key}: {human_seconds(amount)} ({amount / 3600:.1f} h wall clock)")
+        else:
+            console.print(f"total on {key}: {human_count(amount)} {kind}")
+    return 0
+
+
+# ---------------------------------------------------------------- sql
+
+
+@command("sql")
+def cmd_sql(args: argparse.Namespace) -> int:
+    from ablate.results import read_only_query
+
+    columns, rows = read_only_query(args.query, args.db)
+    print_rows(columns, rows, args.format)
+    return 0
+
+
+def print_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str) -> None:
+    if fmt == "json":
+        sys.stdout.write(json.dumps([dict(zip(columns, r)) for r in rows], default=str, indent=1) + "\n")
+    elif fmt == "csv":
+        import csv
+
+        writer = csv.writer(sys.stdout)
+        writer.writerow(columns)
+        writer.writerows(rows)
+    else:
+        table = Table()
+        for c in columns:
+            table.add_column(str(c))
+        for r in rows:
+            table.add_row(*("NULL" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in r))
+        console.print(table)
+        console.print(f"{len(rows)} row{'s' if len(rows) != 1 else ''}")
+
+
+# ---------------------------------------------------------------- db
+
+
+@command("db")
+def cmd_db(args: argparse.Namespace) -> int:
+    from ablate import db
+
+    engine = db.connect(args.db, upgrade=False)
+    before = db.current_revision(engine)
+    if args.db_command == "upgrade":
+        after = db.upgrade_schema(engine)
+        console.print(f"{db._describe(str(engine.url))}: schema {before or 'empty'} -> {after}")
+    else:
+        console.print(f"{db._describe(str(engine.url))}: schema {before or 'empty'} (newest {db.head_revision(engine)})")
+    return 0
+
+
+# ---------------------------------------------------------------- models
+
+
+@command("models")
+def cmd_models(args: argparse.Namespace) -> int:
+    from ablate import models
+
+    table = Table(title="architectures (use as `architecture:` in a sweep; options under `options:`)", title_justify="left")
+    table.add_column("name")
+    table.add_column("what")
+    table.add_column("options (default)")
+    for name in models.FAMILIES:
+        cls = models.options_model(name)
+        opts = "(not built yet)" if cls is None else ", ".join(
+            f"{k}={f.default!r}" for k, f in cls.model_fields.items()
+        )
+        table.add_row(name, models.DESCRIPTIONS.get(name, ""), opts)
+    console.print(table)
+    return 0
+
+
+# ---------------------------------------------------------------- sweep
+
+
+@command("sweep")
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from ablate import db, runner
+
+    if args.sweep_command == "register":
+        spec, sweep_id, ids = runner.register(args.spec, args.db, max_trials=args.max_trials)
+        console.print(f"sweep {spec.name} (id {sweep_id}): {len(ids)} runs registered")
+        return 0
+    if args.sweep_command == "run":
+        return _sweep_run(args)
+    engine = db.connect(args.db)
+    if args.sweep_command == "status":
+        runs = runner.sweep_runs(engine, args.name)
+        console.print(runs_table(engine, runs, title=f"sweep {args.name}"))
+        return 0
+    if args.sweep_command == "cancel":
+        pending, signalled = runner.cancel(engine, args.name)
+        console.print(f"sweep {args.name}: {pending} waiting runs cancelled, {signalled} running trainers stopped")
+        return 0
+    raise AssertionError(args.sweep_command)
+
+
+def runs_table(engine: Any, runs: Sequence[Any], title: str = "") -> Table:
+    """One row per run: axes, status, progress through the budget, and the latest losses."""
+    import sqlalchemy as sa
+
+    from ablate import db
+
+    latest: dict[tuple[int, str], Any] = {}
+    if runs:
+        with engine.connect() as conn:
+            sub = (sa.select(db.Metric.run_id, db.Metric.split, sa.func.max(db.Metric.step).label("step"))
+                   .where(db.Metric.run_id.in_([r.id for r in runs])).group_by(db.Metric.run_id, db.Metric.split)
+                   .subquery())
+            q = sa.select(db.Metric).join(sub, sa.and_(db.Metric.run_id == sub.c.run_id, db.Metric.split == sub.c.split,
+                                                      db.Metric.step == sub.c.step))
+            for m in conn.execute(q):
+                latest[(m.run_id, m.split)] = m
+    table = Table(title=title, title_justify="left")
+    for col in ("run", "architecture", "options", "d_model", "layers", "heads", "lr", "batch", "status", "budget",
+                "steps", "train", "eval"):
+        table.add_column(col, justify="left" if col in ("architecture", "options", "status") else "right")
+    for r in runs:
+        train = latest.get((r.id, "train"))
+        ev = latest.get((r.id, "eval"))
+        used = r.train_seconds if r.train_seconds is not None else (train.elapsed_seconds if train else 0.0)
+        pct = f"{min(used / r.budget_amount, 1):.0%}" if r.budget_kind == "wall_clock" and r.budget_amount else "-"
+        if r.status in ("completed",) and r.budget_kind == "wall_clock":
+            pct = "100%"
+        style = {"completed": "green", "running": "cyan", "oom": "yellow", "diverged": "yellow",
+                 "failed": "red", "preempted": "magenta"}.get(r.status, "")
+        opts = ",".join(f"{k}={v}" for k, v in sorted((r.options or {}).items()))
+        final_train = r.final_train_loss if r.final_train_loss is not None else (train.loss if train else None)
+        final_eval = r.final_eval_loss if r.final_eval_loss is not None else (ev.loss if ev else None)
+        table.add_row(str(r.id), r.architecture, opts, str(r.d_model), str(r.layers), str(r.heads or "-"), f"{r.lr:g}",
+                      str(r.batch_size), f"[{style}]{r.status}[/]" if style else r.status, pct,
+                      str(r.steps if r.steps is not None else (train.step if train else "-")),
+                      "-" if final_train is None else f"{final_train:.3f}",
+                      "-" if final_eval is None else f"{final_eval:.3f}")
+    return table
+
+
+def _sweep_run(args: argparse.Namespace) -> int:
+    """Run the `sweep` flow in-process (Prefect's ephemeral API) with a live table of runs."""
+    import os
+    import threading
+    import time
+
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the live table is the display
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from a lab machine
+    from rich.live import Live
+
+    from ablate import db, runner
+
+    spec, _, ids = runner.register(args.spec, args.db, max_trials=args.max_trials)  # errors before any Prefect start-up
+    engine = db.connect(args.db)
+    console.print(f"sweep {spec.name}: {len(ids)} trials, {spec.budget.describe()} each; results in "
+                  f"{db._describe(str(engine.url))}")
+    from flows.sweep import sweep as sweep_flow
+
+    done = threading.Event()
+
+    def render() -> Table:
+        runs = runner.sweep_runs(engine, spec.name)
+        finished = sum(r.status in db.FINISHED for r in runs)
+        return runs_table(engine, runs, title=f"sweep {spec.name}: {finished}/{len(runs)} finished")
+
+    result: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            result["statuses"] = sweep_flow(spec=str(args.spec), db_url=args.db, artifacts=str(args.artifacts),
+                                            gpu_slots=args.gpu_slots, retry_failed=args.retry_failed,
+                                            checkpoint_every=args.checkpoint_every, memory_cap_mb=args.memory_cap_mb)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            result["error"] = exc
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    if console.is_terminal:
+        with Live(render(), console=console, refresh_per_second=2) as live:
+            while not done.wait(1.0):
+                live.update(render())
+            live.update(render())
+    else:
+        last = ""
+        while not done.wait(5.0):
+            line = " ".join(f"{r.id}:{r.status}" for r in runner.sweep_runs(engine, spec.name))
+            if line != last:
+                console.print(f"[{time.strftime('%H:%M:%S')}] {line}")
+                last = line
+        console.print(render())
+    worker.join()
+    if "error" in result:
+        raise result["error"]
+    statuses = [r.status for r in runner.sweep_runs(engine, spec.name)]
+    bad = [s for s in statuses if s in ("failed", "preempted")]
+    console.print(f"sweep {spec.name}: " + ", ".join(f"{statuses.count(s)} {s}" for s in sorted(set(statuses))))
+    return 1 if bad else 0
+
+
+@command("search")
+def cmd_search(args: argparse.Namespace) -> int:
+    """Optuna searches: `run` asks, trains and tells trials here; `report` writes the study's best trial and plots."""
+    from pathlib import Path
+
+    from ablate import search
+
+    if args.search_command == "report":
+        rep = search.build_search_report(args.name, args.db, Path(args.out) if args.out else None)
+        console.print(f"search {args.name}: " + ", ".join(f"{n} {s.lower()}" for s, n in rep.counts.items()))
+        if rep.best:
+            console.print(f"best: trial {rep.best['number']} (run {rep.best['run_id']}), final eval loss "
+                          f"{rep.best['value']:.4f}, {rep.best['params']}")
+        if rep.importances:
+            console.print("importances: " + ", ".join(f"{k} {v:.2f}" for k, v in rep.importances.items()))
+        console.print(f"report written to {rep.out}/ (" + ", ".join(p.name for p in rep.files) + ")")
+        return 0
+    from ablate import runner
+    from ablate.spec import load_spec
+
+    spec = load_spec(args.spec)
+    search.check_search(spec, args.spec)
+    opts = runner.RunOptions(db_url=args.db, artifacts=Path(args.artifacts), checkpoint_every=args.checkpoint_every,
+                             memory_cap_mb=args.memory_cap_mb)
+    total = search.planned_trials(spec.search, args.n_trials)
+    console.print(f"search {spec.name}: {total} trials ({spec.search.sampler}, pruner {spec.search.pruner}), "
+                  f"{args.workers} worker(s) here, {spec.budget.describe()} each")
+
+    def on_trial(o: search.TrialOutcome) -> None:
+        value = "" if o.value is None else f" {o.value:.4f}"
+        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in o.params.items())
+        console.print(f"trial {o.number}: {o.run_status}{value} (run {o.run_id}) {params}")
+
+    import signal
+
+    def stop_on_sigterm(*_: Any) -> None:
+        raise KeyboardInterrupt  # like Ctrl-C: trainers checkpoint, their trials are re-queued for the next run
+
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    outcomes = search.run_search(args.spec, args.db, opts, workers=args.workers, n_trials=args.n_trials,
+                                 seed=args.seed, on_trial=on_trial)
+    console.print(f"search {spec.name}: {len(outcomes)} trials run here; `ablate search report {spec.name}` for the best")
+    return 0
+
+
+@command("report")
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ablate.report import build_report
+
+    from ablate.report import build_comparison
+
+    formats = tuple(f.strip() for f in args.format.split(","))
+    out = Path(args.out) if args.out else None
+    if args.compare:
+        report = build_comparison([args.sweep, *args.compare], args.db, out, formats=formats)
+    else:
+        report = build_report(args.sweep, args.db, out, formats=formats)
+    for table in report.tables:
+        console.print(escape(table.markdown()))
+        console.print()
+    console.print(f"report written to {report.out}/ (" + ", ".join(p.name for p in report.files) + ")")
+    return 0
+
+
+@command("generate")
+def cmd_generate(args: argparse.Namespace) -> int:
+    from ablate.generate import complete, load_run_model
+
+    trial, model, tokenizer = load_run_model(args.run, args.db)
+    text = complete(model, tokenizer, args.prompt, trial.context, args.max_new, args.top_k, args.temperature, args.seed)
+    console.print(f"[bold]{escape(args.prompt)}[/]" + escape(text))
+    return 0
+
+
+@command("deploy")
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """Register Prefect deployments on the server at PREFECT_API_URL."""
+    from pathlib import Path
+
+    from flows.deploy import deploy_all
+
+    slots = {}
+    for item in args.slots:
+        hardware, _, n = item.partition("=")
+        if not n.isdigit():
+            from ablate.errors import AblateError
+
+            raise AblateError(f"--slots {item!r}: write HARDWARE=N, e.g. --slots rtx3060=1 --slots v100=4")
+        slots[hardware] = int(n)
+    names = deploy_all(Path(args.sweeps), db_url=args.db, artifacts=args.artifacts, slots=slots)
+    console.print("registered: " + ", ".join(names))
+    console.print("start workers with: prefect worker start --pool sweeps  and  prefect worker start --pool HARDWARE")
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", default=argparse.SUPPRESS,
+                        help="results database URL or SQLite path (default: $ABLATE_DB_URL or results/ablate.db)")
+    p = argparse.ArgumentParser(prog="ablate", description=__doc__, parents=[common])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("plan", parents=[common], help="validate a sweep file and list its trials")
+    s.add_argument("spec", help="sweep file, e.g. sweeps/tinystories-widths.yaml")
+    s.add_argument("--max-trials", type=int, default=10_000, help="refuse grids larger than this (default 10,000)")
+
+    s = sub.add_parser("sql", parents=[common], help="read-only SQL over the results database")
+    s.add_argument("query", help='e.g. "SELECT architecture, d_model, final_eval_loss FROM runs"')
+    s.add_argument("--format", choices=("table", "csv", "json"), default="table")
+
+    s = sub.add_parser("db", parents=[common], help="results database schema")
+    s.add_argument("db_command", choices=("upgrade", "current"), help="upgrade: migrate to the newest schema")
+
+    s = sub.add_parser("sweep", parents=[common], help="register, run and inspect sweeps")
+    ssub = s.add_subparsers(dest="sweep_command", required=True, metavar="ACTION")
+    r = ssub.add_parser("register", parents=[common], help="validate a sweep file and register its pending runs")
+    r.add_argument("spec")
+    r.add_argument("--max-trials", type=int, default=10_000)
+    r = ssub.add_parser("run", parents=[common], help="run every unfinished trial of a sweep here (local Prefect)")
+    r.add_argument("spec")
+    r.add_argument("--max-trials", type=int, default=10_000)
+    r.add_argument("--gpu-slots", type=int, default=None, help="trials at once (default: GPUs visible, 1 on CPU)")
+    r.add_argument("--retry-failed", action="store_true", help="also re-run cancelled runs and failed runs past 3 attempts")
+    r.add_argument("--artifacts", default="results/artifacts", help="token caches, tokenizers, checkpoints, logs")
+    r.add_argument("--checkpoint-every", type=float, default=600.0, help="seconds between checkpoints")
+    r.add_argument("--memory-cap-mb", type=float, default=None, help="treat peak memory above this as OOM")
+    r = ssub.add_parser("status", parents=[common], help="table of a sweep's runs")
+    r.add_argument("name")
+    r = ssub.add_parser("cancel", parents=[common], help="cancel waiting runs and stop running ones (checkpointed)")
+    r.add_argument("name")
+
+    s = sub.add_parser("search", parents=[common], help="Optuna searches over a sweep's `search` block")
+    ssub = s.add_subparsers(dest="search_command", required=True, metavar="ACTION")
+    r = ssub.add_parser("run", parents=[common], help="run (or continue) the search here until the study has n_trials")
+    r.add_argument("spec", help="sweep file with a `search:` block, e.g. sweeps/tinystories-heads-lr.yaml")
+    r.add_argument("--workers", type=int, default=1, help="trials at once here, each asking the shared study (default 1)")
+    r.add_argument("--n-trials", type=int, default=None, help="trials the study should hold (default: the spec's)")
+    r.add_argument("--seed", type=int, default=None, help="sampler seed (default: from the spec name)")
+    r.add_argument("--artifacts", default="results/artifacts", help="token caches, tokenizers, checkpoints, logs")
+    r.add_argument("--checkpoint-every", type=float, default=600.0, help="seconds between checkpoints")
+    r.add_argument("--memory-cap-mb", type=float, default=None, help="treat peak memory above this as OOM")
+    r = ssub.add_parser("report", parents=[common], help="best trial, importances, history and slice plots (PNG)")
+    r.add_argument("name", help="study name (the spec's `name`)")
+    r.add_argument("--out", default=None, help="output folder (default results/reports/NAME)")
+
+    s = sub.add_parser("report", parents=[common], help="the studies' tables and loss curves for a sweep")
+    s.add_argument("sweep", help="sweep name (as in the spec's `name`)")
+    s.add_argument("--out", default=None, help="output folder (default results/reports/SWEEP)")
+    s.add_argument("--format", default="md,html,png,svg,csv", help="comma-separated: md, html, png, svg, csv")
+    s.add_argument("--compare", nargs="+", default=[], metavar="SWEEP",
+                   help="other sweeps to put beside this one in a single table")
+
+    s = sub.add_parser("generate", parents=[common], help="complete a prompt with a trained run")
+    s.add_argument("run", type=int, help="run id (see `ablate sweep status`)")
+    s.add_argument("--prompt", required=True)
+    s.add_argument("--max-new", type=int, default=64)
+    s.add_argument("--top-k", type=int, default=0, help="0: greedy")
+    s.add_argument("--temperature", type=float, default=1.0)
+    s.add_argument("--seed", type=int, default=0)
+
+    s = sub.add_parser("deploy", parents=[common], help="register Prefect deployments sweep/<name> and trial/<hardware>")
+    s.add_argument("--sweeps", default="sweeps", help="folder of sweep files")
+    s.add_argument("--artifacts", default=None, help="shared artifacts path the workers use")
+    s.add_argument("--slots", action="append", default=[], metavar="HARDWARE=N",
+                   help="GPU slots (pool concurrency) per hardware class; default 1")
+
+    sub.add_parser("models", parents=[common], help="list the architecture registry and each family's options")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.db = getattr(args, "db", None)  # --db may come before or after the command
+    if getattr(args, "gpu_slots", 0) is None:
+        import torch
+
+        args.gpu_slots = max(1, torch.cuda.device_count())
+    try:
+        return COMMANDS[args.command](args) or 0
+    except AblateError as exc:
+        err_console.print("[bold red]error:[/] " + escape(str(exc)), soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

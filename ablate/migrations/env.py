@@ -1,0 +1,30 @@
+"""Alembic environment: runs on the connection ablate.db hands over (or the URL in the config)."""
+
+from alembic import context
+from sqlalchemy import create_engine
+
+from ablate.db import VERSION_TABLE, Base
+
+target_metadata = Base.metadata
+config = context.config
+
+
+def run() -> None:
+    connection = config.attributes.get("connection")
+    if connection is None:
+        engine = create_engine(config.get_main_option("sqlalchemy.url"))
+        with engine.begin() as connection:
+            _migrate(connection)
+    else:
+        _migrate(connection)
+
+
+def _migrate(connection) -> None:  # noqa: ANN001
+    # render_as_batch: SQLite cannot ALTER most things in place; batch mode copies the table.
+    context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True,
+                      version_table=VERSION_TABLE)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+run()

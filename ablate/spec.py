@@ -1,0 +1,614 @@
+"""Sweep specs: schema, YAML loading, grid expansion and trial fingerprints.
+
+A sweep file names a dataset, a tokenizer, a budget, `defaults`, and a `grid` of blocks.
+Each block is the product of its list-valued keys (over the defaults); `zip:` moves axes
+together; `seeds:` repeats every trial of the block. Expansion yields frozen `TrialConfig`s
+whose fingerprint (hash of canonical JSON) is the identity of a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ablate import models
+from ablate.errors import AblateError, SpecError, did_you_mean, one_of
+
+MAX_TRIALS = 10_000
+OBJECTIVES = ("clm", "bidirectional", "multi_token", "autoencoder", "one_step", "retrieval")
+# GPU classes the studies ran on; any other name is a Prefect work pool of the user's.
+HARDWARE_MEMORY_GB: dict[str, float] = {"cpu": 0, "rtx3060": 12, "v100": 16, "a100": 80, "h100": 80, "h200": 141}
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# ---------------------------------------------------------------- budget
+
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)d)?\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*$")
+_SI = {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12, "P": 1e15}
+
+
+def parse_duration(text: str | int | float) -> float:
+    """'12h', '2h15m', '90s', '1.5h' or a number of seconds -> seconds."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        match = _DURATION.match(str(text))
+        if not match or not any(match.groups()):
+            raise ValueError(f"{text!r} is not a duration; write e.g. '12h', '2h15m', '45m' or '20s'")
+        d, h, m, s = (float(g) if g else 0.0 for g in match.groups())
+        seconds = d * 86400 + h * 3600 + m * 60 + s
+    if seconds <= 0:
+        raise ValueError(f"duration {text!r} must be positive")
+    return seconds
+
+
+def parse_count(text: str | int | float) -> float:
+    """'100M', '1.5B', '2e18' or a number -> a number."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        match = re.match(r"^\s*([0-9.eE+-]+)\s*([kKMGBTP]?)\s*$", str(text))
+        try:
+            value = float(match.group(1)) * _SI[match.group(2)] if match else math.nan
+        except ValueError:
+            value = math.nan
+        if math.isnan(value):
+            raise ValueError(f"{text!r} is not a count; write e.g. 1000000, '100M' or '2e18'")
+    if value <= 0:
+        raise ValueError(f"count {text!r} must be positive")
+    return value
+
+
+class Budget(Frozen):
+    """How long each trial trains: exactly one of wall_clock, tokens, steps, flops."""
+
+    wall_clock: str | None = None
+    tokens: int | str | None = None
+    steps: int | None = None
+    flops: float | str | None = None
+    hardware: str = "cpu"
+    gpus: int = Field(1, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Budget:
+        given = [k for k in ("wall_clock", "tokens", "steps", "flops") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"give exactly one of wall_clock, tokens, steps, flops (got {given or 'none'}); e.g. wall_clock: 12h"
+            )
+        if self.wall_clock is not None:
+            parse_duration(self.wall_clock)
+        if self.tokens is not None:
+            parse_count(self.tokens)
+        if self.flops is not None:
+            parse_count(self.flops)
+        if self.steps is not None and self.steps <= 0:
+            raise ValueError(f"steps must be positive, got {self.steps}")
+        if not re.match(r"^[a-z0-9][a-z0-9_-]*$", self.hardware):
+            raise ValueError(f"hardware {self.hardware!r} must be a lowercase name like 'rtx3060', 'v100' or 'cpu'")
+        return self
+
+    @property
+    def kind(self) -> Literal["wall_clock", "tokens", "steps", "flops"]:
+        for k in ("wall_clock", "tokens", "steps", "flops"):
+            if getattr(self, k) is not None:
+                return k  # type: ignore[return-value]
+        raise AssertionError("validated budget has a kind")
+
+    @property
+    def amount(self) -> float:
+        """Seconds, tokens, steps or FLOPs, by kind."""
+        if self.kind == "wall_clock":
+            return parse_duration(self.wall_clock)  # type: ignore[arg-type]
+        if self.kind == "steps":
+            return float(self.steps)  # type: ignore[arg-type]
+        return parse_count(getattr(self, self.kind))
+
+    def describe(self) -> str:
+        value = getattr(self, self.kind)
+        return f"{self.kind.replace('_', ' ')} {value} on {self.gpus}x {self.hardware}"
+
+
+# ---------------------------------------------------------------- data refs
+
+
+class EvalSplit(Frozen):
+    split: str | None = None  # a named split of the dataset
+    holdout: int | None = Field(None, gt=0)  # else: the last N documents of the training split
+    limit: int | None = Field(None, gt=0)  # at most this many eval documents
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EvalSplit:
+        if (self.split is None) == (self.holdout is None):
+            raise ValueError("give exactly one of eval.split (a named split) or eval.holdout (a document count)")
+        return self
+
+
+class DatasetRef(Frozen):
+    """A corpus: a hub id (with config and split), or local files (text, jsonl, parquet, arrow, a saved dataset)."""
+
+    source: str = Field(min_length=1)
+    config: str | None = None
+    split: str = "train"
+    text_field: str = "text"
+    format: Literal["auto", "text", "lines", "jsonl", "parquet", "arrow", "disk", "hub"] = "auto"
+    limit: int | None = Field(None, gt=0)
+    eval: EvalSplit = EvalSplit(holdout=50)
+    packing: Literal["pad", "concat"] = "pad"
+
+
+class TokenizerRef(Frozen):
+    """Train a Llama-style BPE tokenizer of `vocab_size` on the corpus, or load `name` (hub id or path)."""
+
+    vocab_size: int | None = Field(4096, gt=0)
+    name: str | None = None
+    train_documents: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TokenizerRef:
+        if self.name is not None and self.vocab_size not in (None, 4096):
+            raise ValueError("give tokenizer.name (load) or tokenizer.vocab_size (train), not both")
+        return self
+
+
+class EvalPlan(Frozen):
+    at: tuple[float, ...] = (0.25, 0.5, 0.75)  # budget fractions with an eval (clock paused); a final eval always runs
+    batches: int | None = Field(None, gt=0)  # cap on batches per intermediate eval; final eval uses the whole split
+
+    @field_validator("at")
+    @classmethod
+    def _fractions(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        bad = [f for f in v if not 0 < f < 1]
+        if bad:
+            raise ValueError(f"eval.at fractions must lie strictly between 0 and 1, got {bad}")
+        return tuple(sorted(set(v)))
+
+
+# ---------------------------------------------------------------- trial
+
+
+class TrialConfig(Frozen):
+    """Everything one run needs. Its fingerprint is the run's identity."""
+
+    architecture: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    objective: str = "clm"
+    d_model: int = Field(gt=0)
+    layers: int = Field(gt=0)
+    heads: int | None = Field(None, gt=0)
+    kv_heads: int | None = Field(None, gt=0)
+    context: int = Field(gt=1)
+    lr: float = Field(gt=0, le=1)
+    batch_size: int = Field(gt=0)
+    grad_accum: int = Field(1, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup: float = Field(0.02, ge=0, lt=1)  # fraction of budget
+    schedule: Literal["linear", "cosine", "wsd", "constant"] = "linear"
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    compile: bool | None = None  # None: on for GPU, off on CPU
+    seed: int = Field(0, ge=0)
+    mode: Literal["train", "memory_probe"] = "train"
+    on_oom: Literal["record", "shrink"] = "record"
+    dataset: DatasetRef
+    tokenizer: TokenizerRef = TokenizerRef()
+    budget: Budget
+    eval: EvalPlan = EvalPlan()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrialConfig:
+        if self.architecture not in models.FAMILIES:
+            raise ValueError(
+                f"unknown architecture {self.architecture!r}{did_you_mean(self.architecture, models.FAMILIES)}; "
+                f"known: {one_of(models.FAMILIES)}"
+            )
+        if self.objective not in OBJECTIVES:
+            raise ValueError(
+                f"unknown objective {self.objective!r}{did_you_mean(self.objective, OBJECTIVES)}; known: {one_of(OBJECTIVES)}"
+            )
+        if self.heads is not None and self.d_model % self.heads:
+            divisors = [h for h in (1, 2, 4, 8, 16, 32, 64) if self.d_model % h == 0]
+            raise ValueError(
+                f"heads={self.heads} does not divide d_model={self.d_model}; choose heads from {divisors} or change d_model"
+            )
+        if self.kv_heads is not None:
+            if self.heads is None or self.heads % self.kv_heads:
+                raise ValueError(f"kv_heads={self.kv_heads} must divide heads={self.heads}")
+        options_cls = models.options_model(self.architecture)
+        if options_cls is not None:
+            try:
+                opts = options_cls(**self.options)
+            except ValidationError as exc:
+                names = list(options_cls.model_fields)
+                msgs = []
+                for err in exc.errors():
+                    key = ".".join(str(p) for p in err["loc"])
+                    if err["type"] == "extra_forbidden":
+                        msgs.append(f"unknown {self.architecture} option '{key}'{did_you_mean(key, names)}; options: {one_of(names)}")
+                    else:
+                        msgs.append(f"option {key}: {err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})")
+                raise ValueError("; ".join(msgs)) from None
+            if hasattr(opts, "check_trial"):
+                opts.check_trial(self)
+        return self
+
+    def fingerprint(self) -> str:
+        return fingerprint(self.model_dump(mode="json"))
+
+    def axes(self) -> dict[str, Any]:
+        """The values that vary across the studies' tables, flattened (options as options.key)."""
+        out = {k: getattr(self, k) for k in AXIS_FIELDS}
+        out.update({f"options.{k}": v for k, v in sorted(self.effective_options().items())})
+        return out
+
+    def effective_options(self) -> dict[str, Any]:
+        """The family's option defaults overlaid with this trial's options (the fingerprint keeps only the latter)."""
+        cls = models.options_model(self.architecture)
+        return cls(**self.options).model_dump(mode="json") if cls is not None else dict(self.options)
+
+
+AXIS_FIELDS = ("architecture", "objective", "d_model", "layers", "heads", "context", "lr", "batch_size", "seed")
+SWEEP_LEVEL_FIELDS = ("dataset", "tokenizer", "budget", "eval")
+GRID_FIELDS = tuple(f for f in TrialConfig.model_fields if f not in SWEEP_LEVEL_FIELDS)
+
+
+def fingerprint(data: Any) -> str:
+    """Stable hash of JSON-able data: independent of key order, YAML formatting and process."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- sweep
+
+
+class SearchParam(Frozen):
+    type: Literal["categorical", "float", "int"]
+    choices: tuple[Any, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    when: dict[str, Any] | None = None  # conditional: only sampled when these other parameters have these values
+
+    @model_validator(mode="after")
+    def _shape(self) -> SearchParam:
+        if self.type == "categorical":
+            if not self.choices:
+                raise ValueError("a categorical parameter needs a non-empty 'choices' list")
+        else:
+            if self.low is None or self.high is None or self.low >= self.high:
+                raise ValueError(f"a {self.type} parameter needs low < high (got low={self.low}, high={self.high})")
+            if self.log and self.low <= 0:
+                raise ValueError("a log-scale parameter needs low > 0")
+        return self
+
+
+class SearchBlock(Frozen):
+    parameters: dict[str, SearchParam]
+    sampler: Literal["tpe", "random", "grid", "cmaes"] = "tpe"
+    pruner: Literal["median", "hyperband", "none"] = "median"
+    n_trials: int = Field(20, gt=0)
+    direction: Literal["minimize"] = "minimize"
+    objective: Literal["final_eval_loss"] = "final_eval_loss"
+    base: dict[str, Any] = Field(default_factory=dict)  # trial fields fixed for the search, over defaults
+
+    @field_validator("parameters")
+    @classmethod
+    def _known_fields(cls, v: dict[str, SearchParam]) -> dict[str, SearchParam]:
+        for name in v:
+            if name not in GRID_FIELDS and not name.startswith("options."):
+                raise ValueError(
+                    f"search parameter {name!r} is not a trial field{did_you_mean(name, GRID_FIELDS)}; "
+                    f"use one of {one_of(GRID_FIELDS)} or options.NAME"
+                )
+        return v
+
+
+class TableSpec(Frozen):
+    title: str | None = None
+    group_by: tuple[str, ...] = ("architecture",)  # one table per distinct value of these axes
+    columns: str = "d_model"  # the varying axis across a table
+    where: dict[str, Any] = Field(default_factory=dict)  # only trials matching these axes
+
+
+class ReportBlock(Frozen):
+    tables: tuple[TableSpec, ...] = (TableSpec(),)
+    curves: tuple[Literal["hours", "tokens", "steps"], ...] = ("hours", "tokens")
+    kind: Literal["loss", "memory"] = "loss"
+    prompt: str | None = None
+
+
+class Reference(Frozen):
+    """Published numbers for the trials matching `match` (axes; options as options.key)."""
+
+    match: dict[str, Any]
+    train: float | None = None
+    eval: float | None = None
+    memory_mb: float | Literal["OOM"] | None = None
+    source: str | None = None
+
+    def matches(self, trial: TrialConfig) -> bool:
+        axes = trial.axes()
+        return all(_same(axes.get(k, _MISSING), v) for k, v in self.match.items())
+
+
+_MISSING = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-9)
+        except (TypeError, ValueError):
+            return False
+    return a == b
+
+
+class SweepSpec(Frozen):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    description: str = ""
+    dataset: DatasetRef
+    tokenizer: TokenizerRef = TokenizerRef()
+    budget: Budget
+    eval: EvalPlan = EvalPlan()
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    grid: list[dict[str, Any]] = Field(default_factory=lambda: [{}])
+    search: SearchBlock | None = None
+    report: ReportBlock = ReportBlock()
+    reference: list[Reference] = Field(default_factory=list)
+
+    def fingerprint(self) -> str:
+        return fingerprint(self.model_dump(mode="json"))
+
+
+# ---------------------------------------------------------------- loading & expansion
+
+
+def _loc(parts: tuple[Any, ...]) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _pydantic_problems(exc: ValidationError, prefix: str = "", value_of: Any = None) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if p not in ("function-after",))
+        where = (prefix + ("." if prefix and loc and not isinstance(loc[0], int) else "") + _loc(loc)) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            parent = _model_at(value_of, loc[:-1]) if value_of is not None else None
+            names = list(parent.model_fields) if parent is not None else []
+            problems.append(f"{where}: unknown key '{loc[-1]}'{did_you_mean(str(loc[-1]), names)}; known keys: {one_of(names)}")
+        elif err["type"] == "missing":
+            problems.append(f"{where}: required key is missing")
+        else:
+            msg = err["msg"].removeprefix("Value error, ").replace(
+                "Input should be a valid dictionary", "must be a mapping of key: value"
+            )
+            shown = err.get("input")
+            show = "" if isinstance(shown, dict) else f" (got {shown!r})"
+            problems.append(f"{where}: {msg}{show}")
+    return problems
+
+
+def _model_at(model: Any, loc: tuple[Any, ...]) -> Any:
+    """The pydantic model class found by following `loc` through fields of `model` (best effort)."""
+    import typing
+
+    current = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        candidates = [ann, *typing.get_args(ann)]
+        for inner in list(candidates):
+            candidates.extend(typing.get_args(inner))
+        current = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if current is None:
+            return None
+    return current
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and validate a sweep file; raises SpecError naming every problem."""
+    path = Path(path)
+    if not path.exists():
+        raise AblateError(f"{path}: no such sweep file (sweep files live in sweeps/*.yaml)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError([f"not valid YAML{where}: {getattr(exc, 'problem', exc)}"], str(path)) from None
+    return parse_spec(data, source=str(path), base_dir=path.parent)
+
+
+def parse_spec(data: Any, source: str = "<spec>", base_dir: Path | None = None) -> SweepSpec:
+    if not isinstance(data, dict):
+        raise SpecError([f"the top level must be a mapping with keys name, dataset, budget, grid, ... (got {type(data).__name__})"], source)
+    data = dict(data)
+    if base_dir is not None and isinstance(data.get("dataset"), dict):
+        data["dataset"] = _resolve_local(data["dataset"], base_dir)
+    try:
+        spec = SweepSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_pydantic_problems(exc, value_of=SweepSpec), source) from None
+    problems = _check_blocks(spec)
+    if problems:
+        raise SpecError(problems, source)
+    return spec
+
+
+def _resolve_local(dataset: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """A relative local path in a spec is relative to the spec file; hub ids and `ablate:` names stay as written."""
+    source = dataset.get("source")
+    if isinstance(source, str) and source.startswith((".", "/")) and not source.startswith("/"):
+        resolved = (base_dir / source).resolve()
+        return {**dataset, "source": str(resolved)}
+    return dataset
+
+
+def _check_blocks(spec: SweepSpec) -> list[str]:
+    problems = []
+    for where, block in [("defaults", spec.defaults)] + [(f"grid[{i}]", b) for i, b in enumerate(spec.grid)]:
+        if not isinstance(block, dict):
+            problems.append(f"{where}: must be a mapping of trial fields (got {block!r})")
+            continue
+        for key, value in block.items():
+            if where != "defaults" and key in ("zip", "seeds"):
+                continue
+            if key in SWEEP_LEVEL_FIELDS:
+                problems.append(f"{where}.{key}: '{key}' is set once per sweep at the top level, not in {where}")
+            elif key not in GRID_FIELDS:
+                problems.append(f"{where}: unknown key '{key}'{did_you_mean(key, GRID_FIELDS + ('zip', 'seeds'))}; trial fields are {one_of(GRID_FIELDS)}")
+            elif key == "options" and not isinstance(value, dict):
+                problems.append(f"{where}.options: must be a mapping of option: value (got {value!r})")
+        if where == "defaults":
+            continue
+        if "zip" in block:
+            z = block["zip"]
+            if not isinstance(z, dict) or not z or not all(isinstance(v, list) for v in z.values()):
+                problems.append(f"{where}.zip: must map each axis to a list, e.g. zip: {{d_model: [256, 512], batch_size: [32, 16]}}")
+            elif len({len(v) for v in z.values()}) != 1:
+                lens = {k: len(v) for k, v in z.items()}
+                problems.append(f"{where}.zip: lists that move together must have equal lengths (got {lens})")
+            else:
+                for key in z:
+                    if key not in GRID_FIELDS:
+                        problems.append(f"{where}.zip: unknown key '{key}'{did_you_mean(key, GRID_FIELDS)}")
+                    if key in block:
+                        problems.append(f"{where}.zip.{key}: '{key}' is also set outside zip in the same block")
+        if "seeds" in block:
+            s = block["seeds"]
+            ok = (isinstance(s, int) and not isinstance(s, bool) and s > 0) or (
+                isinstance(s, list) and s and all(isinstance(x, int) for x in s) and len(set(s)) == len(s)
+            )
+            if not ok:
+                problems.append(f"{where}.seeds: must be a positive count or a list of distinct integer seeds (got {s!r})")
+    return problems
+
+
+def _axes_of(block: dict[str, Any]) -> list[tuple[str, list[Any]]]:
+    """(key, values) per axis of a block; option axes are keyed 'options.NAME'."""
+    axes: list[tuple[str, list[Any]]] = []
+    for key, value in block.items():
+        if key in ("zip", "seeds"):
+            continue
+        if key == "options":
+            for opt, ov in value.items():
+                axes.append((f"options.{opt}", ov if isinstance(ov, list) else [ov]))
+        else:
+            axes.append((key, value if isinstance(value, list) else [value]))
+    return axes
+
+
+def count_trials(spec: SweepSpec) -> int:
+    total = 0
+    for block in spec.grid:
+        n = math.prod(len(v) for _, v in _axes_of(block))
+        if "zip" in block:
+            n *= len(next(iter(block["zip"].values())))
+        seeds = block.get("seeds")
+        n *= seeds if isinstance(seeds, int) else len(seeds) if seeds else 1
+        total += n
+    return total
+
+
+def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_TRIALS) -> list[TrialConfig]:
+    """All trials of the sweep, in grid order, duplicates (same fingerprint) removed."""
+    n = count_trials(spec)
+    if n > max_trials:
+        raise SpecError(
+            [f"grid: expands to {n:,} trials, over the limit of {max_trials:,}; narrow the grid or pass --max-trials {n}"],
+            source,
+        )
+    trials: list[TrialConfig] = []
+    seen: set[str] = set()
+    problems: list[str] = []
+    sweep_level = {k: getattr(spec, k) for k in SWEEP_LEVEL_FIELDS}
+    for i, block in enumerate(spec.grid):
+        axes = _axes_of(block)
+        zipped = block.get("zip") or {}
+        zip_rows = [dict(zip(zipped, row)) for row in zip(*zipped.values())] if zipped else [{}]
+        seeds = block.get("seeds")
+        seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds) if seeds else [None]
+        for combo in itertools.product(*(v for _, v in axes)):
+            for zrow in zip_rows:
+                for seed in seed_list:
+                    values = {**{k: v for k, v in spec.defaults.items() if k != "options"}}
+                    options = dict(spec.defaults.get("options") or {})
+                    for key, value in list(zip((k for k, _ in axes), combo)) + list(zrow.items()):
+                        if key.startswith("options."):
+                            options[key.removeprefix("options.")] = value
+                        else:
+                            values[key] = value
+                    if seed is not None:
+                        values["seed"] = seed
+                    values["options"] = options
+                    origin = {k: f"grid[{i}].{k}" if (k in block or k in zipped) else f"defaults.{k}" for k in values}
+                    try:
+                        trial = TrialConfig(**values, **sweep_level)
+                    except ValidationError as exc:
+                        label = ", ".join(f"{k}={values[k]}" for k in ("architecture", "d_model", "heads") if k in values)
+                        for err in exc.errors():
+                            key = str(err["loc"][0]) if err["loc"] else _field_named_by(err["msg"])
+                            where = origin.get(key, f"grid[{i}]") + "".join(
+                                f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"][1:]
+                            )
+                            if err["type"] == "missing":
+                                msg = f"required trial field '{key}' is set neither in defaults nor in the block"
+                                where = f"grid[{i}]"
+                            else:
+                                msg = err["msg"].removeprefix("Value error, ")
+                                inp = err.get("input")
+                                if not isinstance(inp, dict) and err["type"] != "value_error":
+                                    msg += f" (got {inp!r})"
+                            problems.append(f"{where}: {msg} [trial {label}]")
+                        continue
+                    fp = trial.fingerprint()
+                    if fp not in seen:
+                        seen.add(fp)
+                        trials.append(trial)
+    if problems:
+        raise SpecError(list(dict.fromkeys(problems)), source)
+    for j, ref in enumerate(spec.reference):
+        if not any(ref.matches(t) for t in trials):
+            problems.append(f"reference[{j}].match: {ref.match} matches no trial of the grid; check the axis names and values")
+    if problems:
+        raise SpecError(problems, source)
+    return trials
+
+
+def _field_named_by(message: str) -> str:
+    """The trial field a whole-trial validation message is about (for its key path)."""
+    message = message.removeprefix("Value error, ")
+    for prefix, field in (("heads=", "heads"), ("kv_heads=", "kv_heads"), ("unknown architecture", "architecture"),
+                          ("unknown objective", "objective"), ("unknown ", "options"), ("option ", "options")):
+        if message.startswith(prefix):
+            return field
+    return ""
+
+
+def load_trials(path: str | Path, max_trials: int = MAX_TRIALS) -> tuple[SweepSpec, list[TrialConfig]]:
+    spec = load_spec(path)
+    return spec, expand_grid(spec, source=str(path), max_trials=max_trials)
+
+
+def reference_for(spec: SweepSpec, trial: TrialConfig) -> Reference | None:
+    """The most specific reference matching a trial (most match keys wins)."""
+    matching = [r for r in spec.reference if r.matches(trial)]
+    return max(matching, key=lambda r: len(r.match)) if matching else None

@@ -1,0 +1,72 @@
+"""Shared fixtures: an offline hub, a fresh SQLite file and a fresh PostgreSQL database per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.pop("ABLATE_DB_URL", None)
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+# The server .ci/run starts (trust auth). Override with ABLATE_TEST_PG_URL.
+PG_ADMIN_URL = os.environ.get("ABLATE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'ablate.db'}"
+
+
+def _pg_available() -> bool:
+    import sqlalchemy as sa
+
+    try:
+        engine = sa.create_engine(PG_ADMIN_URL)
+        with engine.connect():
+            pass
+        engine.dispose()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def postgres_url():
+    """A throwaway database on the real PostgreSQL server; dropped afterwards."""
+    import sqlalchemy as sa
+
+    if not _pg_available():
+        if os.environ.get("CI"):
+            pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL}; .ci/run must start it")
+        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}")
+    name = f"ablate_test_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = sa.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    yield url
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Both backends: every DB test runs on SQLite and on the real PostgreSQL server."""
+    return request.getfixturevalue(f"{request.param}_url")
+
+
+@pytest.fixture
+def tinystories(tmp_path: Path) -> Path:
+    """A private copy of the TinyStories sample (tests never write into shared/)."""
+    src = REPO / "ablate" / "corpora" / "tinystories-valid-head.txt"
+    dst = tmp_path / "tinystories.txt"
+    dst.write_bytes(src.read_bytes())
+    return dst

@@ -1,0 +1,131 @@
+"""The `ablate` command as a user runs it: exit codes, messages, and read-only SQL."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import sqlalchemy as sa
+import yaml
+
+from ablate import db
+from ablate.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = str(REPO / "sweeps" / "smoke.yaml")
+
+
+def ablate(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ablate.cli", *argv], capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+def test_plan_lists_trials_and_total_budget(capsys):
+    assert main(["plan", SMOKE]) == 0
+    out = capsys.readouterr().out
+    assert "4 trials" in out and "wall clock 8s on 1x cpu" in out and "total on 1x cpu: 32s" in out
+
+
+def test_user_error_exits_2_with_a_message_and_no_traceback(tmp_path):
+    bad = yaml.safe_load(Path(SMOKE).read_text())
+    bad["grid"][1]["heads"] = 5
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    result = ablate("plan", str(path))
+    assert result.returncode == 2
+    assert "heads=5 does not divide d_model=32" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_invalid_spec_writes_nothing_to_the_db(tmp_path, db_url):
+    bad = yaml.safe_load(Path(SMOKE).read_text())
+    bad["grid"].append({"architecture": "mixr", "d_model": 32})
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    assert main(["sweep", "register", str(path), "--db", db_url]) == 2
+    engine = db.connect(db_url)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM runs")).scalar() == 0
+        assert conn.execute(sa.text("SELECT count(*) FROM sweeps")).scalar() == 0
+
+
+def test_sql_refuses_writes_and_the_table_is_intact(db_url, capsys):
+    assert main(["sweep", "register", SMOKE, "--db", db_url]) == 0
+    for statement in ("DROP TABLE runs", "DELETE FROM runs", "UPDATE runs SET status = 'failed'", "INSERT INTO sweeps (name) VALUES ('x')"):
+        assert main(["sql", statement, "--db", db_url]) == 2
+        assert "read-only" in capsys.readouterr().err
+    assert main(["sql", "SELECT status, count(*) AS n FROM runs GROUP BY status", "--db", db_url, "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows == [{"status": "pending", "n": 4}]
+
+
+def test_sql_csv_output(sqlite_url, capsys):
+    main(["sweep", "register", SMOKE, "--db", sqlite_url])
+    capsys.readouterr()
+    assert main(["--db", sqlite_url, "sql", "SELECT architecture, d_model FROM runs ORDER BY id", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["architecture,d_model", "mixer,32", "mixer,64", "llama,32", "llama,64"]
+
+
+def test_sql_error_is_reported(sqlite_url, capsys):
+    assert main(["sql", "SELECT * FROM nowhere", "--db", sqlite_url]) == 2
+    assert "no such table: nowhere" in capsys.readouterr().err
+
+
+def test_db_upgrade_and_current(sqlite_url, capsys):
+    assert main(["db", "upgrade", "--db", sqlite_url]) == 0
+    assert "-> 0003" in capsys.readouterr().out
+    assert main(["db", "current", "--db", sqlite_url]) == 0
+    assert "schema 0003" in capsys.readouterr().out
+
+
+def test_dead_database_error_from_the_cli(capsys):
+    assert main(["sql", "SELECT 1", "--db", "postgresql+psycopg://postgres@127.0.0.1:1/x"]) == 2
+    assert "cannot reach the results database" in capsys.readouterr().err
+
+
+def test_documented_views_answer_the_common_questions(db_url, capsys):
+    assert main(["sweep", "register", SMOKE, "--db", db_url]) == 0
+    engine = db.connect(db_url)
+    with engine.connect() as conn:
+        ids = conn.execute(sa.select(db.Run.id).order_by(db.Run.id)).scalars().all()
+    for rid, loss in zip(ids, (3.0, 2.5, 2.8, 2.9)):
+        db.update_run(engine, rid, status="completed", final_eval_loss=loss)
+        db.write_metrics(engine, rid, [dict(step=s, split="eval", elapsed_seconds=s, tokens=s * 10, loss=loss + 1 - s / 8,
+                                            lr=None) for s in (2, 4, 8)])
+    capsys.readouterr()
+    assert main(["sql", "SELECT architecture, d_model, final_eval_loss FROM best_runs ORDER BY architecture",
+                 "--db", db_url, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [
+        {"architecture": "llama", "d_model": 32, "final_eval_loss": 2.8},
+        {"architecture": "mixer", "d_model": 64, "final_eval_loss": 2.5}]
+    assert main(["sql", "SELECT run_id, loss FROM eval_curve WHERE budget_fraction = 0.5 ORDER BY run_id",
+                 "--db", db_url, "--format", "json"]) == 0  # smoke budget: 8 s, so 4 s is half
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["loss"] for r in rows] == [3.5, 3.0, 3.3, 3.4]
+    assert main(["sql", "SELECT count(*) AS n FROM run_results WHERE sweep = 'smoke'", "--db", db_url,
+                 "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 4}]
+
+
+def test_sweep_status_and_cancel(sqlite_url, capsys):
+    from ablate import runner
+
+    assert main(["sweep", "register", SMOKE, "--db", sqlite_url]) == 0
+    engine = db.connect(sqlite_url)
+    with engine.connect() as conn:
+        ids = conn.execute(sa.select(db.Run.id).order_by(db.Run.id)).scalars().all()
+    db.update_run(engine, ids[0], status="completed", final_train_loss=2.5, final_eval_loss=2.75, steps=10)
+    capsys.readouterr()
+    assert main(["sweep", "status", "smoke", "--db", sqlite_url]) == 0
+    out = capsys.readouterr().out
+    assert out.count("pending") == 3 and "completed" in out and "2.750" in out
+    assert main(["sweep", "cancel", "smoke", "--db", sqlite_url]) == 0
+    assert "3 waiting runs cancelled" in capsys.readouterr().out
+    with engine.connect() as conn:
+        statuses = conn.execute(sa.select(db.Run.status).order_by(db.Run.id)).scalars().all()
+    assert statuses == ["completed", "cancelled", "cancelled", "cancelled"]
+    sweep_id = db.get_run(engine, ids[0]).sweep_id
+    assert runner.runs_to_do(engine, sweep_id, ids) == []
+    assert main(["sweep", "status", "smok", "--db", sqlite_url]) == 2
+    assert "did you mean 'smoke'" in capsys.readouterr().err

@@ -1,0 +1,147 @@
+"""The results database on SQLite and on the real PostgreSQL server."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from ablate import db
+from ablate.errors import AblateError
+from ablate.spec import load_trials
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = REPO / "sweeps" / "smoke.yaml"
+
+
+def test_schema_is_created_at_head_and_matches_the_models(db_url):
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    engine = db.connect(db_url)
+    assert db.current_revision(engine) == db.head_revision(engine)
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"version_table": db.VERSION_TABLE}), db.Base.metadata)
+    assert diff == [], f"models and migrations disagree: {diff}"
+    assert {"sweeps", "runs", "metrics", "ablate_alembic_version"} <= set(sa.inspect(engine).get_table_names())
+
+
+def test_register_sweep_is_idempotent_by_fingerprint(db_url):
+    engine = db.connect(db_url)
+    spec, trials = load_trials(SMOKE)
+    sweep_id, ids = db.register_sweep(engine, spec, trials)
+    db.update_run(engine, ids[0], status="completed", final_eval_loss=2.5)
+    again_id, again = db.register_sweep(engine, spec, trials)
+    assert (again_id, again) == (sweep_id, ids)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(db.Run.architecture, db.Run.d_model, db.Run.status).order_by(db.Run.id)).all()
+    assert len(rows) == len(trials) == 4
+    assert rows[0].status == "completed"  # a second registration keeps results
+    assert [(r.architecture, r.d_model) for r in rows] == [(t.architecture, t.d_model) for t in trials]
+
+
+def test_axes_are_typed_columns_usable_in_sql(db_url):
+    engine = db.connect(db_url)
+    spec, trials = load_trials(SMOKE)
+    _, ids = db.register_sweep(engine, spec, trials)
+    with engine.connect() as conn:
+        n = conn.execute(sa.text("SELECT count(*) FROM runs WHERE d_model >= 64 AND lr < 0.01")).scalar()
+        config = conn.execute(sa.select(db.Run.config).where(db.Run.id == ids[0])).scalar()
+    assert n == 2
+    assert config["architecture"] == trials[0].architecture and config["budget"]["wall_clock"] == "8s"
+
+
+def test_metric_points_are_never_duplicated(db_url):
+    engine = db.connect(db_url)
+    spec, trials = load_trials(SMOKE)
+    _, ids = db.register_sweep(engine, spec, trials)
+    rows = [dict(step=s, split="train", elapsed_seconds=s / 10, tokens=s * 100, loss=3.0 - s / 100, lr=1e-3) for s in range(10)]
+    assert db.write_metrics(engine, ids[0], rows[:6]) == 6
+    assert db.write_metrics(engine, ids[0], rows[4:]) == 4  # a resumed run re-sends steps 4, 5
+    with engine.connect() as conn:
+        steps = conn.execute(sa.select(db.Metric.step).where(db.Metric.run_id == ids[0]).order_by(db.Metric.step)).scalars().all()
+    assert steps == list(range(10))
+
+
+def test_library_and_code_versions_are_recorded(sqlite_url):
+    engine = db.connect(sqlite_url)
+    spec, trials = load_trials(SMOKE)
+    _, ids = db.register_sweep(engine, spec, trials)
+    run = db.get_run(engine, ids[0])
+    assert run.library_versions["torch"].startswith("2.")
+    assert "sqlalchemy" in run.library_versions
+
+
+def test_dead_database_gives_a_clear_error():
+    with pytest.raises(AblateError, match=r"cannot reach the results database .*127\.0\.0\.1:1/.*Start the server"):
+        db.connect("postgresql+psycopg://postgres@127.0.0.1:1/nothing")
+
+
+def test_unknown_driver_gives_a_clear_error():
+    with pytest.raises(AblateError, match="cannot use database URL"):
+        db.connect("nosuchdb://x/y")
+
+
+def test_bare_path_means_a_sqlite_file(tmp_path):
+    engine = db.connect(str(tmp_path / "sub" / "r.db"))
+    assert engine.dialect.name == "sqlite"
+    assert (tmp_path / "sub" / "r.db").exists()
+
+
+def test_an_older_database_is_upgraded(tmp_path):
+    """A DB stamped at an older revision (here: empty, revision None) is migrated by `connect`."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = db.make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE unrelated (x INTEGER)"))
+    assert db.current_revision(engine) is None
+    db.connect(url)
+    assert db.current_revision(engine) == db.head_revision(engine)
+
+
+def _writer(url: str, run_id: int, worker: int, n: int) -> None:
+    engine = db.connect(url)
+    for start in range(0, n, 100):  # batches, as the trainer writes them
+        rows = [dict(step=worker * 1_000_000 + s, split="train", elapsed_seconds=float(s), tokens=s, loss=1.0, lr=None)
+                for s in range(start, start + 100)]
+        db.write_metrics(engine, run_id, rows)
+    engine.dispose()
+
+
+def test_four_processes_writing_into_one_sqlite_file_lose_nothing(tmp_path):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    engine = db.connect(url)
+    spec, trials = load_trials(SMOKE)
+    _, ids = db.register_sweep(engine, spec, trials)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(url, ids[0], w, 2000)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM metrics")).scalar() == 8000
+        assert conn.execute(sa.text("PRAGMA journal_mode")).scalar() == "wal"
+
+
+def test_a_database_made_at_the_first_schema_keeps_its_rows_through_upgrade(tmp_path):
+    from alembic import command
+
+    url = f"sqlite:///{tmp_path / 'v1.db'}"
+    engine = db.make_engine(url)
+    cfg = db._alembic_config(engine)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0001")
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO sweeps (name, description, spec, spec_fingerprint, created_at, updated_at) "
+                             "VALUES ('old', '', '{}', 'x', '2026-01-01', '2026-01-01')"))
+    assert db.current_revision(engine) == "0001"
+    db.connect(url)
+    assert db.current_revision(engine) == db.head_revision(engine) != "0001"
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT name FROM sweeps")).scalar() == "old"
+        assert "pid" in {c["name"] for c in sa.inspect(conn).get_columns("runs")}
