@@ -1,0 +1,95 @@
+"""The architecture registry: one line per family, each family in its own file.
+
+A family module exposes:
+    Options                      frozen pydantic model of the family's options (extra keys forbidden)
+    build(trial, vocab_size)     -> nn.Module mapping input_ids (B, T) -> logits (B, T, V)
+    param_count(trial, vocab_size) -> int, the closed-form parameter count
+    inter_token_params(trial)      -> int, parameters that mix across positions
+    mixing_flops_per_token(trial)  -> float, forward FLOPs/token of token mixing (beyond 2 * params)
+
+Modules are imported lazily so that reading a spec does not pay for torch/transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+import typing
+from types import ModuleType
+from typing import Any
+
+from ablate.errors import AblateError, did_you_mean, one_of
+
+FAMILIES: dict[str, str] = {
+    "llama": "ablate.models.llama",
+    "gpt": "ablate.models.gpt",
+    "mixer": "ablate.models.mixer",
+    "hybrid": "ablate.models.hybrid",
+    "metaformer": "ablate.models.metaformer",
+    "mod": "ablate.models.mod",
+}
+
+DESCRIPTIONS: dict[str, str] = {
+    "llama": "Llama-style transformer (transformers LlamaModel, SDPA attention)",
+    "gpt": "early causal-LM transformer (transformers OpenAI GPT; GPT-2 as an option)",
+    "mixer": "masked mixer: attention replaced by a causally masked linear map over the sequence",
+    "hybrid": "Llama layers with a masked-mixer sequence layer after or beside attention",
+    "metaformer": "one block design, swappable token mixer (attention, metric, quadratic, pool, identity)",
+    "mod": "mixture-of-depths over Llama-style blocks (capacity routing)",
+}
+
+
+def check_architecture(name: str) -> None:
+    if name not in FAMILIES:
+        raise AblateError(
+            f"unknown architecture {name!r}{did_you_mean(name, FAMILIES)}; known: {one_of(FAMILIES)}"
+        )
+
+
+def family(name: str) -> ModuleType:
+    """The family module for an architecture name (imports it)."""
+    check_architecture(name)
+    return importlib.import_module(FAMILIES[name])
+
+
+def options_model(name: str) -> Any:
+    """The family's Options class, or None while the family has no implementation yet."""
+    check_architecture(name)
+    try:
+        module = importlib.import_module(FAMILIES[name])
+    except ModuleNotFoundError as exc:
+        if exc.name == FAMILIES[name]:
+            return None
+        raise
+    return getattr(module, "Options", None)
+
+
+def build(trial: Any, vocab_size: int):
+    """Build the trial's model: the only way the trainer gets one."""
+    return family(trial.architecture).build(trial, vocab_size)
+
+
+def list_families() -> list[dict[str, Any]]:
+    """Every family with its description and options (name, type, default, help), for `ablate models`."""
+    out = []
+    for name in FAMILIES:
+        options_cls = options_model(name)
+        fields = options_cls.model_fields if options_cls is not None else {}
+        options = [
+            {"name": key, "type": _type_name(f.annotation), "default": f.default, "help": f.description or ""}
+            for key, f in fields.items()
+        ]
+        out.append({"name": name, "description": DESCRIPTIONS[name], "options": options})
+    return out
+
+
+def _type_name(annotation: Any) -> str:
+    """'int', 'bool', 'int | None', "'a' | 'b'" for Literal choices."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if annotation is type(None):
+        return "None"
+    return getattr(annotation, "__name__", str(annotation))

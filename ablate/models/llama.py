@@ -1,0 +1,84 @@
+"""Llama-style transformer: transformers' LlamaForCausalLM built from a config (never from the hub).
+
+The studies' baseline: `LlamaConfig` with hidden_size = d_model, num_hidden_layers = layers,
+num_attention_heads = heads, intermediate 4 * d_model, max_position_embeddings = context, SDPA.
+transformers is imported inside build() so that validating a spec does not pay for importing it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor, nn
+
+
+class Options(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    intermediate: int | None = Field(None, gt=0, description="MLP inner width; default 4 * d_model")
+    tie_weights: bool = Field(False, description="share the token embedding with the LM head")
+
+    def check_trial(self, trial) -> None:
+        if trial.heads is None:
+            raise ValueError("the llama family needs heads (attention heads), e.g. heads: 4")
+
+
+class Llama(nn.Module):
+    """Wraps LlamaForCausalLM so that forward returns a plain logits tensor."""
+
+    def __init__(self, config):
+        super().__init__()
+        from transformers import LlamaForCausalLM
+
+        self.hf = LlamaForCausalLM(config)
+
+    def hidden_states(self, input_ids: Tensor) -> Tensor:
+        return self.hf.model(input_ids=input_ids, use_cache=False).last_hidden_state  # (B, T, D), after the final norm
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        return self.hf.lm_head(self.hidden_states(input_ids))  # (B, T, V)
+
+
+def hf_config(trial, vocab_size: int):
+    from transformers import LlamaConfig
+
+    o = Options(**trial.options)
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=trial.d_model,
+        intermediate_size=o.intermediate or 4 * trial.d_model,
+        num_hidden_layers=trial.layers,
+        num_attention_heads=trial.heads,
+        num_key_value_heads=trial.kv_heads or trial.heads,
+        head_dim=trial.d_model // trial.heads,
+        max_position_embeddings=trial.context,
+        tie_word_embeddings=o.tie_weights,
+        attn_implementation="sdpa",
+        use_cache=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+
+
+def build(trial, vocab_size: int) -> nn.Module:
+    return Llama(hf_config(trial, vocab_size))
+
+
+def inter_token_params(trial) -> int:
+    """q, k, v, o projections (no biases)."""
+    d, kv = trial.d_model, trial.kv_heads or trial.heads
+    head_dim = d // trial.heads
+    return trial.layers * (2 * d * d + 2 * d * kv * head_dim)
+
+
+def param_count(trial, vocab_size: int) -> int:
+    o, d = Options(**trial.options), trial.d_model
+    inner = o.intermediate or 4 * d
+    layer = 3 * d * inner + 2 * d  # SwiGLU + two RMSNorms
+    embeddings = vocab_size * d * (1 if o.tie_weights else 2)
+    return embeddings + inter_token_params(trial) + trial.layers * layer + d
+
+
+def mixing_flops_per_token(trial) -> float:
+    """Attention scores (2*T*d) and weighted sum (2*T*d) per layer at T = context, no causal halving."""
+    return float(trial.layers * 4 * trial.context * trial.d_model)

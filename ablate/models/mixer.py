@@ -1,0 +1,256 @@
+"""The masked mixer: attention replaced by a causally masked linear map over the sequence.
+
+Block = norm -> sequence mixing -> residual, norm -> feed-forward -> residual (masked-mixers-1.md).
+The studies wrote the sequence mixing as `Conv1d(context, context, kernel)` over (B, T, D), tokens as
+channels, and re-masked `weight.data` every step. Here the mask is part of the computation:
+`torch.tril(weight)` in forward, so masked entries get exactly zero gradient, are initialised to zero
+and stay zero under AdamW. The map is a batched matmul over the sequence axis (measured faster than
+Conv1d on CPU, see bench/models.py); `kernel > 1` convolves along d_model with PyTorch's 'same'
+padding, one masked (context x context) matrix per kernel tap, exactly as the studies' Conv1d did.
+
+A shorter T uses the top-left T x T block of every sequence weight (still causal), which equals
+running the full window on right-padded input.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor, nn
+
+
+class Options(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    expand: int = Field(1, ge=1, description="1: flat mixer (one sequence layer); e>1: expanded mixer, two sequence layers of inner width e*context with GELU between")
+    parallel_convs: int = Field(1, ge=1, description="number of sequence mixings summed in each block")
+    kernel: int = Field(1, ge=1, description="convolution kernel over the d_model axis, one masked context x context matrix per tap")
+    mixer_heads: int = Field(0, ge=0, description="0: no heads; h: per-head projection -> own masked mixing -> concat -> output projection")
+    head_dim: int = Field(0, ge=0, description="width of each mixer head; 0 means d_model // mixer_heads")
+    positional: Literal["none", "first", "every"] = Field("none", description="learned positional embedding added before the first block or before every block")
+    embed_linear: bool = Field(False, description="extra linear layer after the token embedding")
+    norm: bool = Field(True, description="LayerNorms before the sequence mixing and the feed-forward (False: the linear-mixer study)")
+    activation: Literal["gelu", "none"] = Field("gelu", description="feed-forward nonlinearity (none: the linear-mixer study)")
+    tie_weights: bool = Field(False, description="share the token embedding with the LM head")
+    ffn_mult: int = Field(4, ge=1, description="feed-forward inner width as a multiple of d_model")
+
+    def check_trial(self, trial) -> None:
+        if self.mixer_heads and not self.head_dim and trial.d_model % self.mixer_heads:
+            raise ValueError(
+                f"mixer_heads={self.mixer_heads} does not divide d_model={trial.d_model}; "
+                f"choose a divisor or set head_dim"
+            )
+        if self.head_dim and not self.mixer_heads:
+            raise ValueError("head_dim is only used with mixer_heads > 0")
+
+    def head_width(self, d_model: int) -> int:
+        return self.head_dim or d_model // self.mixer_heads
+
+
+# ---------------------------------------------------------------- sequence mixing
+
+
+def _shifted_matmul(weight: Tensor, x: Tensor) -> Tensor:
+    """Sequence map with a kernel along d_model: weight (k, G, To, Ti), x (B, G, Ti, D) -> (B, G, To, D).
+
+    Tap i multiplies x shifted by i - (k - 1) // 2 along D with zero fill: Conv1d(padding='same').
+    """
+    k, width = weight.shape[0], x.shape[-1]
+    if k == 1:
+        return torch.matmul(weight[0], x)
+    x = F.pad(x, ((k - 1) // 2, k // 2))  # (B, G, Ti, D + k - 1)
+    return sum(torch.matmul(weight[i], x[..., i : i + width]) for i in range(k))
+
+
+def _init_like_conv1d(weight: Tensor, bias: Tensor, fan_in: int) -> None:
+    """Conv1d's default init (uniform +-1/sqrt(fan_in)), then zero the masked upper triangle."""
+    bound = 1 / math.sqrt(fan_in)
+    with torch.no_grad():
+        weight.uniform_(-bound, bound)
+        weight.copy_(torch.tril(weight))
+        bias.uniform_(-bound, bound)
+
+
+class SequenceMixing(nn.Module):
+    """Causal linear map(s) over the sequence axis of (B, G, T, D), one set of weights per group G.
+
+    Flat: y = sum_n tril(W_n) x + b_n; the n parallel maps share their input, so their masked weights
+    are summed before one matmul (same function and gradients, one matmul instead of n).
+    Expanded (expand=e): y = sum_n tril(W2_n) gelu(tril(W1_n) x + b1_n) + b2_n with W1_n (e*C, C) and
+    W2_n (C, e*C): the masks leave inner channels >= C unused, as masked-mixers-1.md explains.
+    """
+
+    def __init__(self, context: int, groups: int = 1, expand: int = 1, kernel: int = 1, parallel: int = 1):
+        super().__init__()
+        self.context, self.expand = context, expand
+        c, inner = context, context * expand
+        if expand == 1:
+            self.weight = nn.Parameter(torch.empty(parallel, kernel, groups, c, c))
+            self.bias = nn.Parameter(torch.empty(parallel, groups, c))
+            _init_like_conv1d(self.weight, self.bias, c * kernel)
+        else:
+            self.weight_in = nn.Parameter(torch.empty(parallel, kernel, groups, inner, c))
+            self.bias_in = nn.Parameter(torch.empty(parallel, groups, inner))
+            self.weight_out = nn.Parameter(torch.empty(parallel, kernel, groups, c, inner))
+            self.bias_out = nn.Parameter(torch.empty(parallel, groups, c))
+            _init_like_conv1d(self.weight_in, self.bias_in, c * kernel)
+            _init_like_conv1d(self.weight_out, self.bias_out, inner * kernel)
+
+    @staticmethod
+    def param_count(context: int, groups: int = 1, expand: int = 1, kernel: int = 1, parallel: int = 1) -> int:
+        c, inner = context, context * expand
+        if expand == 1:
+            return parallel * groups * (kernel * c * c + c)
+        return parallel * groups * (2 * kernel * inner * c + inner + c)
+
+    def forward(self, x: Tensor) -> Tensor:
+        t = x.shape[-2]
+        if t > self.context:
+            raise ValueError(f"sequence length {t} exceeds the mixer's context window {self.context}")
+        if self.expand == 1:
+            w = torch.tril(self.weight[..., :t, :t]).sum(0)  # (k, G, T, T)
+            b = self.bias[..., :t].sum(0)  # (G, T)
+            return _shifted_matmul(w, x) + b[..., None]  # (B, G, T, D)
+        e = self.expand * t
+        w_in = torch.tril(self.weight_in[..., :e, :t])  # (n, k, G, eT, T)
+        w_out = torch.tril(self.weight_out[..., :t, :e])  # (n, k, G, T, eT)
+        y = 0
+        for n in range(w_in.shape[0]):
+            h = F.gelu(_shifted_matmul(w_in[n], x) + self.bias_in[n, :, :e, None])  # (B, G, eT, D)
+            y = y + _shifted_matmul(w_out[n], h) + self.bias_out[n, :, :t, None]  # (B, G, T, D)
+        return y
+
+    def causal_masks(self) -> list[tuple[nn.Parameter, Tensor]]:
+        """(parameter, boolean tensor of the entries the causal mask zeroes) for the contract tests."""
+        out = []
+        for p in (self.weight,) if self.expand == 1 else (self.weight_in, self.weight_out):
+            rows, cols = p.shape[-2:]
+            upper = ~torch.ones(rows, cols, dtype=torch.bool, device=p.device).tril()
+            out.append((p, upper.expand_as(p)))
+        return out
+
+
+class MixingLayer(nn.Module):
+    """(B, T, D) -> (B, T, D): one sequence mixing, or mixer heads each with their own projection and mixing."""
+
+    def __init__(self, d_model: int, context: int, opts: Options):
+        super().__init__()
+        self.heads = opts.mixer_heads
+        groups = max(self.heads, 1)
+        if self.heads:
+            width = opts.head_width(d_model)
+            self.proj = nn.Linear(d_model, self.heads * width)  # h separate (d -> width) projections, stacked
+            self.out = nn.Linear(self.heads * width, d_model)
+        self.mixing = SequenceMixing(context, groups, opts.expand, opts.kernel, opts.parallel_convs)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.heads:
+            return self.mixing(x[:, None])[:, 0]  # (B, T, D)
+        h = rearrange(self.proj(x), "b t (h e) -> b h t e", h=self.heads)
+        h = self.mixing(h)  # (B, H, T, E), head i mixed by its own weights
+        return self.out(rearrange(h, "b h t e -> b t (h e)"))
+
+
+# ---------------------------------------------------------------- block and model
+
+
+class MixerBlock(nn.Module):
+    def __init__(self, d_model: int, context: int, opts: Options):
+        super().__init__()
+        norm = (lambda: nn.LayerNorm(d_model)) if opts.norm else nn.Identity
+        self.seq_norm = norm()
+        self.seq = MixingLayer(d_model, context, opts)
+        self.ffn_norm = norm()
+        inner = opts.ffn_mult * d_model
+        act = nn.GELU() if opts.activation == "gelu" else nn.Identity()
+        self.ffn = nn.Sequential(nn.Linear(d_model, inner), act, nn.Linear(inner, d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.seq(self.seq_norm(x))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class MaskedMixer(nn.Module):
+    def __init__(self, vocab_size: int, d_model: int, layers: int, context: int, opts: Options):
+        super().__init__()
+        self.opts, self.context = opts, context
+        self.wte = nn.Embedding(vocab_size, d_model)
+        self.embed_linear = nn.Linear(d_model, d_model) if opts.embed_linear else None
+        self.wpe = nn.Embedding(context, d_model) if opts.positional != "none" else None
+        self.blocks = nn.ModuleList(MixerBlock(d_model, context, opts) for _ in range(layers))
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        if opts.tie_weights:
+            self.lm_head.weight = self.wte.weight
+
+    def hidden_states(self, input_ids: Tensor) -> Tensor:
+        t = input_ids.shape[1]
+        if t > self.context:
+            raise ValueError(f"sequence length {t} exceeds the mixer's context window {self.context}")
+        x = self.wte(input_ids)  # (B, T, D)
+        if self.embed_linear is not None:
+            x = self.embed_linear(x)
+        for i, block in enumerate(self.blocks):
+            if self.wpe is not None and (i == 0 or self.opts.positional == "every"):
+                x = x + self.wpe.weight[:t]
+            x = block(x)
+        return x  # the studies' mixer has no final norm
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        return self.lm_head(self.hidden_states(input_ids))  # (B, T, V)
+
+
+# ---------------------------------------------------------------- registry contract
+
+
+def build(trial, vocab_size: int) -> nn.Module:
+    return MaskedMixer(vocab_size, trial.d_model, trial.layers, trial.context, Options(**trial.options))
+
+
+def _mixing_params(trial) -> int:
+    o, d = Options(**trial.options), trial.d_model
+    n = SequenceMixing.param_count(trial.context, max(o.mixer_heads, 1), o.expand, o.kernel, o.parallel_convs)
+    if o.mixer_heads:
+        width = o.mixer_heads * o.head_width(d)
+        n += (d * width + width) + (width * d + d)
+    return n
+
+
+def param_count(trial, vocab_size: int) -> int:
+    o, d = Options(**trial.options), trial.d_model
+    norms = 4 * d if o.norm else 0
+    ffn = 2 * o.ffn_mult * d * d + o.ffn_mult * d + d
+    block = _mixing_params(trial) + norms + ffn
+    n = vocab_size * d * (1 if o.tie_weights else 2) + trial.layers * block
+    n += (d * d + d) if o.embed_linear else 0
+    n += trial.context * d if o.positional != "none" else 0
+    return n
+
+
+def inter_token_params(trial) -> int:
+    """Sequence-mixing weights and biases, plus the mixer-head projections."""
+    return trial.layers * _mixing_params(trial)
+
+
+def mixing_flops_per_token(trial) -> float:
+    """Actual forward FLOPs/token of the sequence mixing minus the 2 * its-params already in 6N.
+
+    Convention (as for attention elsewhere): dense T x T maps at T = context, masked zeros included,
+    since the matmul computes them. A (C x C) map applied to a (C, w) slab costs 2*C*w per token, while
+    6N counts 2*C^2 per token for its C^2 weights, so the correction is negative when context > width.
+    Head projections are ordinary per-token weights and already right in 2N.
+    """
+    o, c, d = Options(**trial.options), trial.context, trial.d_model
+    groups, width = (o.mixer_heads, o.head_width(d)) if o.mixer_heads else (1, d)
+    inner = c * o.expand
+    if o.expand == 1:
+        actual = 2 * o.kernel * c * width + width  # one matmul per tap on the summed weights, + bias
+        counted = 2 * o.parallel_convs * (o.kernel * c * c + c)
+    else:
+        actual = o.parallel_convs * (2 * o.kernel * inner * width * 2 + (inner // c) * width + width)
+        counted = 2 * o.parallel_convs * (2 * o.kernel * inner * c + inner + c)
+    return float(trial.layers * groups * (actual - counted))
