@@ -1,0 +1,115 @@
+"""The budget clock, the learning-rate schedule and FLOP accounting: what makes runs comparable.
+
+The clock counts only training steps (data, forward, backward, optimizer). Start-up, compile,
+warm-up, eval and checkpointing are timed on separate meters. The schedule is a function of the
+fraction of budget consumed, so every run finishes its schedule exactly at its budget.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+# Dense bf16/fp16 tensor-core peaks (FLOP/s, fp32 accumulate) by a substring of the device name.
+PEAK_FLOPS: dict[str, float] = {
+    "H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
+    "V100": 125e12, "T4": 65e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "RTX 3060": 25.6e12,
+}
+
+
+def peak_flops(device_name: str | None) -> float | None:
+    if not device_name:
+        return None
+    for key, value in PEAK_FLOPS.items():
+        if key.lower() in device_name.lower():
+            return value
+    return None
+
+
+def train_flops_per_token(non_embedding_params: int, mixing_flops_per_token: float) -> float:
+    """6N + 3 x (token-mixing forward FLOPs): the same convention for every architecture.
+
+    N counts every parameter except the input embedding (a lookup, no FLOPs); the LM head is
+    included. Token mixing (attention scores and values, the mixer's sequence matmul) is the
+    part of the forward not covered by 2N; backward costs twice the forward, hence 3x.
+    """
+    return 6.0 * non_embedding_params + 3.0 * mixing_flops_per_token
+
+
+class Clock:
+    """A stopwatch that counts only while running; `sync` makes GPU work finish at each edge."""
+
+    def __init__(self, sync: Callable[[], None] = lambda: None, elapsed: float = 0.0):
+        self.sync = sync
+        self.elapsed_before = elapsed
+        self.started_at: float | None = None
+        self.meters: dict[str, float] = defaultdict(float)
+
+    def start(self) -> None:
+        if self.started_at is None:
+            self.sync()
+            self.started_at = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.started_at is not None:
+            self.sync()
+            self.elapsed_before += time.perf_counter() - self.started_at
+            self.started_at = None
+
+    @property
+    def is_running(self) -> bool:
+        return self.started_at is not None
+
+    def elapsed(self) -> float:
+        """Seconds on the clock (host time: no device sync between edges)."""
+        running = time.perf_counter() - self.started_at if self.started_at is not None else 0.0
+        return self.elapsed_before + running
+
+    @contextmanager
+    def paused(self, meter: str) -> Iterator[None]:
+        """Stop the budget clock, time the block on `meter`, then restart the clock."""
+        was_running = self.is_running
+        self.stop()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.meters[meter] += time.perf_counter() - t0
+            if was_running:
+                self.start()
+
+
+def budget_fraction(kind: str, amount: float, seconds: float, steps: int, tokens: int, flops_per_token: float) -> float:
+    """The fraction of the budget consumed so far (may exceed 1 by the last step)."""
+    used = {"wall_clock": seconds, "steps": steps, "tokens": tokens, "flops": tokens * flops_per_token}[kind]
+    return used / amount
+
+
+def lr_at(fraction: float, peak: float, schedule: str, warmup: float, cooldown: float = 0.2) -> float:
+    """Learning rate at a budget fraction: linear warm-up, then linear / cosine / wsd / constant to the end.
+
+    `wsd` (warmup-stable-decay) holds the peak and decays linearly to zero over the last
+    `cooldown` fraction, which is measured from remaining time, so a slow run still cools down.
+    """
+    f = min(max(fraction, 0.0), 1.0)
+    if warmup > 0 and f < warmup:
+        return peak * (f / warmup)
+    if schedule == "constant":
+        return peak
+    progress = (f - warmup) / max(1.0 - warmup, 1e-12)
+    if schedule == "linear":
+        return peak * (1.0 - progress)
+    if schedule == "cosine":
+        return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if schedule == "wsd":
+        start = 1.0 - cooldown
+        return peak if f < start else peak * (1.0 - (f - start) / cooldown)
+    raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def summarize_meters(clock: Clock) -> dict[str, Any]:
+    return {k: round(v, 4) for k, v in clock.meters.items()}

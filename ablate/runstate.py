@@ -1,0 +1,190 @@
+"""The state of a run between steps: settings, progress, checkpoints, data order, metric recording.
+
+Everything `ablate.train` saves and restores so that a killed run resumes the same trajectory.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ablate import db
+from ablate.spec import TrialConfig
+
+
+class SimulatedOOM(RuntimeError):
+    """The configured memory cap was exceeded (how an OOM is reproduced on CPU or a larger GPU)."""
+
+
+@dataclass
+class Settings:
+    """How to run a trial (not part of its identity): where to record, checkpoint and log."""
+
+    artifacts: Path = Path("results/artifacts")
+    db_url: str | None = None
+    run_id: int | None = None
+    checkpoint_every: float = 600.0  # seconds of wall time between checkpoints
+    log_points: int = 200  # about this many train-loss points per run
+    flush_every: float = 30.0  # seconds between metric writes
+    warmup_steps: int = 2  # untimed steps (compile, allocator warm-up); state restored afterwards
+    memory_cap_mb: float | None = None
+    resume: bool = True
+    progress: bool = True
+    device: str | None = None
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+# ---------------------------------------------------------------- recording
+
+
+class Recorder:
+    """Buffers metric points and writes them to the DB in batches (rank 0 only; a no-op without a run id)."""
+
+    def __init__(self, settings: Settings, is_main: bool):
+        self.run_id = settings.run_id if is_main else None
+        self.engine = db.connect(settings.db_url) if self.run_id is not None else None
+        self.buffer: list[dict[str, Any]] = []
+        self.last_flush = time.monotonic()
+        self.flush_every = settings.flush_every
+        self.points: list[dict[str, Any]] = []  # everything logged by this process (for callers and tests)
+
+    def log(self, **point: Any) -> None:
+        self.buffer.append(point)
+        self.points.append(point)
+
+    def maybe_flush(self) -> bool:
+        return bool(self.buffer) and time.monotonic() - self.last_flush >= self.flush_every
+
+    def flush(self) -> None:
+        if self.engine is not None and self.buffer:
+            db.write_metrics(self.engine, self.run_id, self.buffer)
+        self.buffer = []
+        self.last_flush = time.monotonic()
+
+    def forget_after(self, step: int) -> None:
+        """Drop points logged after a checkpoint's step (a resumed run logs them again)."""
+        if self.engine is not None:
+            import sqlalchemy as sa
+
+            with self.engine.begin() as conn:
+                conn.execute(sa.delete(db.Metric).where(db.Metric.run_id == self.run_id, db.Metric.step > step))
+
+    def update(self, **fields: Any) -> None:
+        if self.engine is not None:
+            db.update_run(self.engine, self.run_id, **fields)
+
+
+# ---------------------------------------------------------------- state
+
+
+@dataclass
+class Progress:
+    """Everything about where a run is, saved in checkpoints."""
+
+    step: int = 0
+    samples: int = 0  # global samples consumed (the data position)
+    tokens: int = 0  # global real (non-pad) tokens trained on
+    elapsed: float = 0.0  # budget clock
+    meters: dict[str, float] = field(default_factory=dict)
+    next_eval: int = 0  # index into trial.eval.at
+    intervals: list[tuple[float, float, float]] = field(default_factory=list)  # (fraction, loss sum, tokens) per log
+    micro_batch: int = 0
+    grad_accum: int = 1
+    open_interval: tuple[float, float] = (0.0, 0.0)  # (loss sum, tokens) since the last train log
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: Any, scaler: Any, progress: Progress) -> None:
+    """Atomic: written to a temporary file, then renamed over the old checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "progress": progress.__dict__, "rng": rng_state(),
+    }, tmp)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- data order
+
+
+class Batches:
+    """Global sample position -> this rank's rows; the order is a pure function of (epoch, seed)."""
+
+    def __init__(self, rows: Any, seed: int, dist_: Dist):
+        self.rows, self.seed, self.dist = rows, seed, dist_
+        self.n = len(rows)
+        self._orders: dict[int, np.ndarray] = {}
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            self._orders = {epoch: self.rows.order(epoch, self.seed)}
+        return self._orders[epoch]
+
+    def take(self, position: int, per_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The micro-batch starting at global `position` for this rank."""
+        start = position + self.dist.rank * per_rank
+        idx = np.empty(per_rank, dtype=np.int64)
+        for j in range(per_rank):
+            g = start + j
+            idx[j] = self._order(g // self.n)[g % self.n]
+        return self.rows.batch(idx)
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def check_memory(device: torch.device, cap_mb: float | None) -> None:
+    if cap_mb is not None and device.type == "cpu":
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        if peak_mb > cap_mb:
+            raise SimulatedOOM(f"peak memory {peak_mb:.0f} MB exceeded the cap of {cap_mb:.0f} MB")
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, (torch.OutOfMemoryError, SimulatedOOM)) or "out of memory" in str(exc).lower()
+
+
+def run_dir(settings: Settings, trial: TrialConfig) -> Path:
+    name = f"run-{settings.run_id}-{trial.fingerprint()}" if settings.run_id is not None else trial.fingerprint()
+    return settings.artifacts / "runs" / name

@@ -1,0 +1,530 @@
+"""The fixed-wall-clock training loop: one loop for every architecture and objective.
+
+`python -m ablate.train --run-id N --db URL` trains the run's trial and records it (this is also
+what torchrun launches, one process per GPU). Outcomes are results, not crashes: the run row ends
+`completed`, `oom`, `diverged` or `preempted` (SIGTERM: checkpoint first). A killed run resumes
+from its last checkpoint and continues the same trajectory; metrics are never duplicated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ablate import budget as bud
+from ablate import data as data_mod
+from ablate import db, models, objectives
+from ablate.errors import AblateError
+from ablate.runstate import (
+    Batches, Dist, Progress, Recorder, Settings, check_memory, is_oom, peak_memory_mb, rng_state, run_dir,
+    save_checkpoint, set_rng_state,
+)
+from ablate.spec import TrialConfig
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def _device(settings: Settings, dist_: Dist) -> torch.device:
+    if settings.device:
+        return torch.device(settings.device)
+    if torch.cuda.is_available():
+        return torch.device("cuda", dist_.local_rank)
+    return torch.device("cpu")
+
+
+def _autocast(device: torch.device, precision: str):
+    if precision == "fp32":
+        return torch.autocast(device.type, enabled=False)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> dict[str, Any]:
+    """Train one trial to its budget and record it. Returns the outcome fields written to the run row."""
+    dist_ = dist_ or Dist()
+    t_start = time.perf_counter()
+    device = _device(settings, dist_)
+    recorder = Recorder(settings, dist_.is_main)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        if settings.memory_cap_mb:
+            total = torch.cuda.get_device_properties(device).total_memory / 2**20
+            torch.cuda.set_per_process_memory_fraction(min(1.0, settings.memory_cap_mb / total), device)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+    torch.manual_seed(trial.seed)
+    random.seed(trial.seed)
+    np.random.seed(trial.seed)
+
+    if trial.mode == "memory_probe":
+        return memory_probe(trial, settings, device, recorder, device_name)
+
+    prepared = data_mod.prepare(trial.dataset, trial.tokenizer, trial.context, settings.artifacts,
+                                progress=settings.progress and dist_.is_main)
+    fam = models.family(trial.architecture)
+    model = objectives.model_for(trial, prepared.vocab_size).to(device)
+    params = sum(p.numel() for p in model.parameters())
+    # lookups cost no FLOPs; a tied embedding is also the LM head, whose FLOPs do count
+    head_weights = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    embedding = sum(m.weight.numel() for m in model.modules()
+                    if isinstance(m, torch.nn.Embedding) and id(m.weight) not in head_weights)
+    flops_per_token = bud.train_flops_per_token(params - embedding, fam.mixing_flops_per_token(trial))
+    loss_fn = objectives.loss_function(trial.objective)
+
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": trial.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=trial.lr, betas=(0.9, 0.95), fused=device.type == "cuda",
+    )
+    scaler = torch.amp.GradScaler(device.type) if trial.precision == "fp16" else None
+    wrapped: torch.nn.Module = model
+    if dist_.world > 1:
+        wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    use_compile = trial.compile if trial.compile is not None else device.type == "cuda"
+    if use_compile:
+        wrapped = torch.compile(wrapped)
+
+    progress = Progress(micro_batch=trial.batch_size, grad_accum=trial.grad_accum)
+    ckpt_path = run_dir(settings, trial) / "checkpoint.pt"
+    resumed = False
+    if settings.resume and ckpt_path.exists():
+        state = torch.load(ckpt_path, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if scaler is not None and state["scaler"] is not None:
+            scaler.load_state_dict(state["scaler"])
+        progress = Progress(**state["progress"])
+        set_rng_state(state["rng"])
+        recorder.forget_after(progress.step)
+        resumed = True
+
+    batches = Batches(prepared.train, trial.seed, dist_)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    clock = bud.Clock(sync=sync, elapsed=progress.elapsed)
+    clock.meters.update(progress.meters)
+    kind, amount = trial.budget.kind, trial.budget.amount
+    log_every_s = max(amount / settings.log_points, 0.05) if kind == "wall_clock" else None
+    log_every_steps = max(1, int(amount // settings.log_points)) if kind == "steps" else None
+
+    # diverged: a non-finite loss, or one 4x worse than guessing uniformly over the vocabulary
+    divergence_limit = 4.0 * math.log(prepared.vocab_size)
+    preempt = {"flag": False}
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempt.update(flag=True)) if _main_thread() else None
+
+    def fraction() -> float:
+        return bud.budget_fraction(kind, amount, clock.elapsed(), progress.step, progress.tokens, flops_per_token)
+
+    def one_step(lr: float) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """Forward/backward over the accumulation micro-batches and one optimizer step.
+
+        Returns (loss sum, token count) on device (no host sync), global samples, and this step's
+        real tokens counted on the host from the labels before they move to the device.
+        """
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+        micro = [batches.take(progress.samples + k * progress.micro_batch * dist_.world, progress.micro_batch)
+                 for k in range(progress.grad_accum)]
+        host_tokens = sum(int((labels[:, 1:] != -100).sum()) for _, labels in micro)
+        micro = [(ids.to(device, non_blocking=True), labels.to(device, non_blocking=True)) for ids, labels in micro]
+        clock.meters["data"] += time.perf_counter() - t0
+        loss_sum = torch.zeros((), device=device)
+        count = torch.zeros((), device=device)
+        for k, (ids, labels) in enumerate(micro):
+            is_last = k == len(micro) - 1
+            ctx = wrapped.no_sync() if (dist_.world > 1 and not is_last and hasattr(wrapped, "no_sync")) else _null()
+            with ctx, _autocast(device, trial.precision):
+                s, c = loss_fn(wrapped, ids, labels)
+            loss = s / max(host_tokens, 1)  # token-weighted over the whole step, not a mean of micro-batch means
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            loss_sum += s.detach().float()
+            count += c.detach().float()
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss_sum, count, progress.micro_batch * progress.grad_accum * dist_.world, host_tokens * dist_.world
+
+    # ---- untimed warm-up steps (compile, allocator), then state restored: they teach the model nothing
+    if not resumed and settings.warmup_steps > 0:
+        t0 = time.perf_counter()
+        saved_model = copy.deepcopy(model.state_dict())
+        saved_opt = copy.deepcopy(optimizer.state_dict())
+        saved_rng = rng_state()
+        while True:
+            try:
+                for _ in range(settings.warmup_steps):
+                    one_step(0.0)
+                    check_memory(device, settings.memory_cap_mb)
+                break
+            except Exception as exc:  # noqa: BLE001 - OOM during warm-up is a result (or a reason to shrink)
+                if not is_oom(exc):
+                    raise
+                if not _shrink(trial, progress, optimizer, device):
+                    return _finish_oom(recorder, trial, progress, clock, device, exc, time.perf_counter() - t_start,
+                                       params)
+                model.load_state_dict(saved_model)
+                optimizer.load_state_dict(saved_opt)
+        sync()
+        model.load_state_dict(saved_model)
+        optimizer.load_state_dict(saved_opt)
+        set_rng_state(saved_rng)
+        clock.meters["data"] = 0.0
+        clock.meters["warmup"] += time.perf_counter() - t0
+        if use_compile:
+            clock.meters["compile"] += time.perf_counter() - t0
+
+    startup = time.perf_counter() - t_start - clock.meters.get("warmup", 0.0)
+    clock.meters["startup"] = startup  # data cache, model build, optimizer (its first use imports torch._dynamo)
+    recorder.update(params=params, inter_token_params=fam.inter_token_params(trial), flops_per_token=flops_per_token,
+                    device_name=device_name, startup_seconds=startup, checkpoint_path=str(ckpt_path))
+    last_log_t = clock.elapsed()
+    last_ckpt_wall = time.monotonic()
+    # a resumed run continues the open log interval (held by rank 0; the log step sums across ranks)
+    carried = progress.open_interval if dist_.is_main else (0.0, 0.0)
+    interval_sum = torch.tensor(carried[0], device=device)
+    interval_count = torch.tensor(carried[1], device=device)
+    status = "completed"
+    error: str | None = None
+    bar = _progress_bar(settings.progress and dist_.is_main, trial)
+
+    clock.start()
+    try:
+        while True:
+            f = fraction()
+            # ---- stop check every step; all ranks agree (one tiny all-reduce in DDP)
+            want_stop = f >= 1.0 or preempt["flag"]
+            want_log = (log_every_s is not None and clock.elapsed() - last_log_t >= log_every_s) or (
+                log_every_steps is not None and progress.step % log_every_steps == 0 and progress.step > 0
+            ) or (kind in ("tokens", "flops") and progress.step % 50 == 0 and progress.step > 0)
+            if dist_.world > 1:
+                flags = torch.tensor([float(want_stop), float(want_log), float(preempt["flag"])], device=device)
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+                want_stop, want_log, preempt["flag"] = bool(flags[0]), bool(flags[1]), bool(flags[2])
+            if want_log or want_stop:
+                with clock.paused("bookkeeping"):
+                    s, c = _reduce(interval_sum, interval_count, dist_)
+                    if c > 0:
+                        loss = s / c
+                        if not math.isfinite(loss) or loss > divergence_limit:
+                            status, error = "diverged", f"train loss became {loss:.4g} at step {progress.step}"
+                            break
+                        progress.intervals.append((f, s, c))
+                        recorder.log(step=progress.step, split="train", elapsed_seconds=clock.elapsed(),
+                                     tokens=progress.tokens, loss=loss, lr=optimizer.param_groups[0]["lr"])
+                        bar(f, loss)
+                    interval_sum.zero_()
+                    interval_count.zero_()
+                    last_log_t = clock.elapsed()
+                    if recorder.maybe_flush():
+                        recorder.flush()
+            if want_stop:
+                if preempt["flag"]:
+                    status = "preempted"
+                break
+            # ---- intermediate evals at budget fractions (clock paused)
+            if progress.next_eval < len(trial.eval.at) and f >= trial.eval.at[progress.next_eval]:
+                with clock.paused("eval"):
+                    ev = evaluate(wrapped, prepared.eval, trial, device, dist_, loss_fn, trial.eval.batches)
+                    recorder.log(step=progress.step, split="eval", elapsed_seconds=clock.elapsed(),
+                                 tokens=progress.tokens, loss=ev, lr=None)
+                    recorder.flush()
+                progress.next_eval += 1
+            # ---- checkpoint on a wall-time interval (clock paused)
+            if time.monotonic() - last_ckpt_wall >= settings.checkpoint_every:
+                with clock.paused("checkpoint"):
+                    _checkpoint(ckpt_path, model, optimizer, scaler, progress, clock, recorder, dist_,
+                                (interval_sum, interval_count))
+                last_ckpt_wall = time.monotonic()
+            # ---- one training step
+            lr = bud.lr_at(f, trial.lr, trial.schedule, trial.warmup)
+            try:
+                s, c, n_samples, n_tokens = one_step(lr)
+                check_memory(device, settings.memory_cap_mb)
+            except Exception as exc:  # noqa: BLE001
+                if not is_oom(exc):
+                    raise
+                if _shrink(trial, progress, optimizer, device):
+                    continue
+                clock.stop()
+                return _finish_oom(recorder, trial, progress, clock, device, exc, time.perf_counter() - t_start, params)
+            interval_sum += s
+            interval_count += c
+            progress.step += 1
+            progress.samples += n_samples
+            progress.tokens += n_tokens
+    except Exception as exc:  # noqa: BLE001 - recorded, then re-raised for the runner
+        clock.stop()
+        status, error = "failed", "".join(traceback.format_exception(exc))[-4000:]
+        _finalize(recorder, status, error, progress, clock, device, params, flops_per_token, device_name, None, None)
+        raise
+    finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+    clock.stop()
+    progress.elapsed = clock.elapsed()
+
+    if status == "preempted":
+        _checkpoint(ckpt_path, model, optimizer, scaler, progress, clock, recorder, dist_,
+                                (interval_sum, interval_count))
+        return _finalize(recorder, status, None, progress, clock, device, params, flops_per_token, device_name, None, None)
+    if status == "diverged":
+        recorder.flush()
+        return _finalize(recorder, status, error, progress, clock, device, params, flops_per_token, device_name, None, None)
+
+    with clock.paused("eval"):
+        final_eval = evaluate(wrapped, prepared.eval, trial, device, dist_, loss_fn, None)
+    recorder.log(step=progress.step, split="eval", elapsed_seconds=clock.elapsed(), tokens=progress.tokens,
+                 loss=final_eval, lr=None)
+    final_train = _final_train_loss(progress.intervals)
+    with clock.paused("checkpoint"):
+        _checkpoint(ckpt_path, model, optimizer, scaler, progress, clock, recorder, dist_,
+                                (interval_sum, interval_count))
+        if dist_.is_main:
+            prepared.save_tokenizer(ckpt_path.parent / "tokenizer")
+    if not math.isfinite(final_eval):
+        return _finalize(recorder, "diverged", f"eval loss {final_eval}", progress, clock, device, params,
+                         flops_per_token, device_name, final_train, final_eval)
+    return _finalize(recorder, "completed", None, progress, clock, device, params, flops_per_token, device_name,
+                     final_train, final_eval)
+
+
+def _shrink(trial: TrialConfig, progress: Progress, optimizer: Any, device: torch.device) -> bool:
+    """on_oom: shrink — halve the micro-batch and double accumulation (same effective batch); False if it can't."""
+    if trial.on_oom != "shrink" or progress.micro_batch <= 1:
+        return False
+    optimizer.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    progress.micro_batch //= 2
+    progress.grad_accum *= 2
+    progress.notes.setdefault("oom_shrink", []).append(
+        {"step": progress.step, "micro_batch": progress.micro_batch, "grad_accum": progress.grad_accum})
+    return True
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _reduce(loss_sum: torch.Tensor, count: torch.Tensor, dist_: Dist) -> tuple[float, float]:
+    both = torch.stack([loss_sum.float(), count.float()])
+    if dist_.world > 1:
+        dist.all_reduce(both)
+    s, c = both.tolist()
+    return s, c
+
+
+def _final_train_loss(intervals: list[tuple[float, float, float]], tail: float = 0.1) -> float | None:
+    """Token-weighted mean train loss over the last `tail` of the budget (at least the last log interval)."""
+    if not intervals:
+        return None
+    last_f = intervals[-1][0]
+    chosen = [iv for iv in intervals if iv[0] >= last_f - tail] or intervals[-1:]
+    s = sum(iv[1] for iv in chosen)
+    c = sum(iv[2] for iv in chosen)
+    return s / c if c else None
+
+
+def _checkpoint(path: Path, model: Any, optimizer: Any, scaler: Any, progress: Progress, clock: bud.Clock,
+                recorder: Recorder, dist_: Dist, interval: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Metrics are flushed first: after a crash the DB holds every point up to the checkpoint."""
+    progress.elapsed = clock.elapsed()
+    progress.open_interval = (float(interval[0]), float(interval[1]))
+    progress.meters = dict(clock.meters)
+    if dist_.is_main:
+        recorder.flush()
+        save_checkpoint(path, model, optimizer, scaler, progress)
+    if dist_.world > 1:
+        dist.barrier()
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, rows: Any, trial: TrialConfig, device: torch.device, dist_: Dist,
+             loss_fn: Any, max_batches: int | None) -> float:
+    """Token-weighted mean loss over the eval split (sharded across ranks), in nats."""
+    model.eval()
+    total = torch.zeros(2, device=device, dtype=torch.float64)
+    n = len(rows)
+    order = np.arange(n)
+    bs = trial.batch_size
+    shards = [order[i: i + bs] for i in range(0, n, bs)]
+    if max_batches is not None:
+        shards = shards[: max_batches * dist_.world]
+    for idx in shards[dist_.rank:: dist_.world]:
+        ids, labels = rows.batch(idx)
+        with _autocast(device, trial.precision):
+            s, c = loss_fn(model, ids.to(device), labels.to(device))
+        total[0] += s.double()
+        total[1] += c.double()
+    if dist_.world > 1:
+        dist.all_reduce(total)
+    model.train()
+    s, c = total.tolist()
+    return s / c if c else float("nan")
+
+
+def _finish_oom(recorder: Recorder, trial: TrialConfig, progress: Progress, clock: bud.Clock, device: torch.device,
+                exc: BaseException, wall: float, params: int) -> dict[str, Any]:
+    peak = peak_memory_mb(device)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    msg = f"out of memory at step {progress.step} (micro-batch {progress.micro_batch}): {str(exc).splitlines()[0][:300]}"
+    return _finalize(recorder, "oom", msg, progress, clock, device, params, None, None, None, None, peak=peak)
+
+
+def _finalize(recorder: Recorder, status: str, error: str | None, progress: Progress, clock: bud.Clock,
+              device: torch.device, params: int | None, flops_per_token: float | None, device_name: str | None,
+              final_train: float | None, final_eval: float | None, peak: float | None = None) -> dict[str, Any]:
+    recorder.flush()
+    seconds = clock.elapsed()
+    tps = progress.tokens / seconds if seconds > 0 else None
+    peak_flops = bud.peak_flops(device_name)
+    outcome = dict(
+        status=status, error=error, steps=progress.step, tokens=progress.tokens, samples=progress.samples,
+        train_seconds=seconds, eval_seconds=clock.meters.get("eval", 0.0), startup_seconds=clock.meters.get("startup"),
+        checkpoint_seconds=clock.meters.get("checkpoint", 0.0), compile_seconds=clock.meters.get("compile", 0.0),
+        data_wait_fraction=(clock.meters.get("data", 0.0) / seconds) if seconds > 0 else None,
+        tokens_per_second=tps, final_train_loss=final_train, final_eval_loss=final_eval,
+        peak_memory_mb=peak if peak is not None else peak_memory_mb(device),
+        mfu=(tps * flops_per_token / peak_flops) if (tps and flops_per_token and peak_flops) else None,
+        notes={"meters": bud.summarize_meters(clock), **progress.notes} or None,
+        finished_at=db.utcnow(),
+    )
+    recorder.update(**outcome)
+    return outcome
+
+
+def memory_probe(trial: TrialConfig, settings: Settings, device: torch.device, recorder: Recorder,
+                 device_name: str) -> dict[str, Any]:
+    """One unbatched forward+backward without the LM head; peak memory is the result (OOM is a cell value)."""
+    vocab = trial.tokenizer.vocab_size or 4096
+    clock = bud.Clock()
+    progress = Progress()
+    try:
+        model = models.build(trial, vocab).to(device)
+        params = sum(p.numel() for p in model.parameters())
+        base = peak_memory_mb(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        ids = torch.randint(0, vocab, (1, trial.context), device=device)
+        with _autocast(device, trial.precision):
+            hidden = model.hidden_states(ids)
+        hidden.float().sum().backward()
+        check_memory(device, settings.memory_cap_mb)
+        peak = peak_memory_mb(device)
+        if device.type == "cpu":
+            peak = max(peak - base, 0.0) or peak
+        return _finalize(recorder, "completed", None, progress, clock, device, params, None, device_name, None, None, peak=peak)
+    except Exception as exc:  # noqa: BLE001
+        if is_oom(exc):
+            return _finish_oom(recorder, trial, progress, clock, device, exc, 0.0, 0)
+        raise
+
+
+def _progress_bar(enabled: bool, trial: TrialConfig):
+    """A one-line progress display: budget fraction and current train loss."""
+    if not enabled:
+        return lambda f, loss: None
+    label = f"{trial.architecture} d={trial.d_model} n={trial.layers}"
+    last = {"t": 0.0}
+
+    def show(f: float, loss: float) -> None:
+        now = time.monotonic()
+        if now - last["t"] < 1.0 and f < 1.0:
+            return
+        last["t"] = now
+        width = 30
+        done = int(min(f, 1.0) * width)
+        sys.stderr.write(f"\r{label} [{'#' * done}{'.' * (width - done)}] {min(f, 1.0):6.1%} loss {loss:.3f}")
+        sys.stderr.flush()
+        if f >= 1.0:
+            sys.stderr.write("\n")
+
+    return show
+
+
+# ---------------------------------------------------------------- entry point (python -m ablate.train, torchrun)
+
+
+def _init_dist() -> Dist:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    return Dist(rank=rank, world=world, local_rank=local)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ablate.train", description="train one run to its budget and record it")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run-id", type=int, help="train this run of the results DB")
+    src.add_argument("--config", help="a trial config as JSON (or @file.json); nothing is recorded without --run-id")
+    p.add_argument("--db", default=None, help="results database URL (default: $ABLATE_DB_URL or results/ablate.db)")
+    p.add_argument("--artifacts", default=os.environ.get("ABLATE_ARTIFACTS", "results/artifacts"))
+    p.add_argument("--checkpoint-every", type=float, default=600.0, help="seconds between checkpoints")
+    p.add_argument("--memory-cap-mb", type=float, default=None, help="treat peak memory above this as OOM")
+    p.add_argument("--no-resume", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--device", default=None)
+    args = p.parse_args(argv)
+    dist_ = _init_dist()
+    try:
+        if args.run_id is not None:
+            engine = db.connect(args.db)
+            trial = TrialConfig.model_validate(db.get_run(engine, args.run_id).config)
+            engine.dispose()
+        else:
+            text = Path(args.config[1:]).read_text() if args.config.startswith("@") else args.config
+            trial = TrialConfig.model_validate(json.loads(text))
+        settings = Settings(artifacts=Path(args.artifacts), db_url=args.db, run_id=args.run_id,
+                            checkpoint_every=args.checkpoint_every, memory_cap_mb=args.memory_cap_mb,
+                            resume=not args.no_resume, progress=not args.quiet, device=args.device)
+        outcome = train(trial, settings, dist_)
+        if dist_.is_main:
+            print(json.dumps({k: v for k, v in outcome.items() if k not in ("notes", "finished_at")}, default=str))
+        return 0 if outcome["status"] in ("completed", "oom", "diverged") else 3
+    except AblateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if dist_.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""The fixed-budget trainer: real training on the TinyStories sample, resume, DDP, outcomes."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from ablate import db
+from ablate.budget import lr_at
+from ablate.errors import AblateError
+from ablate.spec import TrialConfig
+from ablate.train import Settings, train
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_trial(**over) -> TrialConfig:
+    base = dict(
+        architecture="mixer", d_model=32, layers=2, context=64, lr=3e-3, batch_size=8, precision="fp32",
+        dataset={"source": "ablate:tinystories-sample", "eval": {"holdout": 16}},
+        tokenizer={"vocab_size": 384}, budget={"steps": 30}, eval={"at": [0.5]}, warmup=0.1,
+    )
+    base.update(over)
+    return TrialConfig(**base)
+
+
+def registered(url: str, trial: TrialConfig) -> int:
+    """A run row for `trial` in a one-trial sweep (what the runner hands the trainer)."""
+    from ablate.spec import parse_spec
+
+    engine = db.connect(url)
+    spec = parse_spec({"name": f"t{abs(hash(trial.fingerprint())) % 10_000}", "dataset": trial.dataset.model_dump(),
+                       "budget": trial.budget.model_dump(exclude_none=True),
+                       "grid": [{"architecture": trial.architecture, "d_model": trial.d_model}],
+                       "defaults": {"layers": 1, "context": 8, "lr": 1e-3, "batch_size": 1}})
+    _, ids = db.register_sweep(engine, spec, [trial])
+    return ids[0]
+
+
+def metric_rows(url: str, run_id: int, split: str | None = None) -> list:
+    engine = db.connect(url)
+    q = sa.select(db.Metric).where(db.Metric.run_id == run_id).order_by(db.Metric.split, db.Metric.step)
+    if split:
+        q = q.where(db.Metric.split == split)
+    with engine.connect() as conn:
+        return conn.execute(q).all()
+
+
+def unigram_entropy(tmp_path: Path, trial: TrialConfig) -> float:
+    from ablate.data import prepare
+
+    prepared = prepare(trial.dataset, trial.tokenizer, trial.context, tmp_path / "art", progress=False)
+    ids, labels = prepared.train.batch(np.arange(len(prepared.train)))
+    tokens = labels[labels != -100].numpy()
+    p = np.bincount(tokens) / len(tokens)
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum())
+
+
+def test_lr_schedule_finishes_at_the_budget():
+    assert lr_at(0.0, 1.0, "linear", 0.1) == 0.0
+    assert lr_at(0.1, 1.0, "linear", 0.1) == pytest.approx(1.0)
+    assert lr_at(1.0, 1.0, "linear", 0.1) == pytest.approx(0.0)
+    assert lr_at(1.0, 1.0, "cosine", 0.1) == pytest.approx(0.0, abs=1e-12)
+    assert lr_at(0.5, 1.0, "wsd", 0.1) == 1.0 and lr_at(0.9, 1.0, "wsd", 0.1) == pytest.approx(0.5)
+
+
+def test_step_budget_trains_records_and_lowers_the_loss(tmp_path, db_url):
+    sqlite_url = db_url  # both backends: the trainer records into SQLite and into the real PostgreSQL
+    trial = make_trial()
+    run_id = registered(sqlite_url, trial)
+    out = train(trial, Settings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False,
+                                log_points=10))
+    assert out["status"] == "completed" and out["steps"] == 30
+    run = db.get_run(db.connect(sqlite_url), run_id)
+    assert run.status == "completed" and run.final_eval_loss == pytest.approx(out["final_eval_loss"])
+    assert run.params > 0 and run.tokens == out["tokens"] > 0 and run.flops_per_token > 0
+    train_rows = metric_rows(sqlite_url, run_id, "train")
+    eval_rows = metric_rows(sqlite_url, run_id, "eval")
+    assert [r.step for r in train_rows] == [3, 6, 9, 12, 15, 18, 21, 24, 27, 30]
+    assert len(eval_rows) == 2  # one at half the budget, one final
+    assert train_rows[-1].loss < train_rows[0].loss - 0.5
+    assert math.log(384) > out["final_eval_loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,extra", [("mixer", {}), ("llama", {"heads": 4})])
+def test_twenty_second_wall_clock_run_learns_and_uses_its_budget(tmp_path, arch, extra):
+    trial = make_trial(architecture=arch, budget={"wall_clock": "20s"}, d_model=64, context=128, **extra)
+    out = train(trial, Settings(artifacts=tmp_path / "art", progress=False))
+    entropy = unigram_entropy(tmp_path, trial)
+    assert out["status"] == "completed"
+    assert out["final_eval_loss"] < entropy - 0.5, (out["final_eval_loss"], entropy)
+    assert abs(out["train_seconds"] - 20.0) / 20.0 < 0.02
+
+
+def test_bad_dataset_path_fails_before_training(tmp_path, sqlite_url):
+    trial = make_trial(dataset={"source": str(tmp_path / "nope.txt")})
+    run_id = registered(sqlite_url, trial)
+    with pytest.raises(AblateError, match="nope.txt"):
+        train(trial, Settings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False))
+    assert metric_rows(sqlite_url, run_id) == []
+
+
+def test_vocab_larger_than_the_corpus_supports_fails_before_training(tmp_path):
+    trial = make_trial(tokenizer={"vocab_size": 60000})
+    with pytest.raises(AblateError, match="vocab_size"):
+        train(trial, Settings(artifacts=tmp_path / "art", progress=False))
+
+
+def test_dead_database_fails_before_training(tmp_path):
+    with pytest.raises(AblateError, match="cannot reach the results database"):
+        train(make_trial(), Settings(artifacts=tmp_path / "art", db_url="postgresql+psycopg://postgres@127.0.0.1:1/x",
+                                     run_id=1, progress=False))
+
+
+def test_nan_loss_is_recorded_as_diverged(tmp_path):
+    out = train(make_trial(lr=1.0, options={"norm": False, "activation": "none"}, budget={"steps": 40}, warmup=0.0),
+                Settings(artifacts=tmp_path / "art", progress=False, log_points=40))
+    assert out["status"] == "diverged", out
+    assert "train loss became" in out["error"] and out["final_eval_loss"] is None
+
+
+def test_memory_cap_is_recorded_as_oom(tmp_path):
+    out = train(make_trial(), Settings(artifacts=tmp_path / "art", progress=False, memory_cap_mb=10))
+    assert out["status"] == "oom" and out["peak_memory_mb"] > 10 and "out of memory" in out["error"]
+
+
+def test_memory_probe_records_peak_memory(tmp_path):
+    out = train(make_trial(mode="memory_probe", budget={"steps": 1}), Settings(artifacts=tmp_path / "art", progress=False))
+    assert out["status"] == "completed" and out["peak_memory_mb"] > 0
+
+
+def _train_cmd(url: str, run_id: int, art: Path, every: float) -> list[str]:
+    return [sys.executable, "-m", "ablate.train", "--run-id", str(run_id), "--db", url, "--artifacts", str(art),
+            "--checkpoint-every", str(every), "--quiet"]
+
+
+@pytest.mark.slow
+def test_a_run_killed_midway_resumes_the_same_trajectory_without_duplicate_metrics(tmp_path):
+    trial = make_trial(budget={"steps": 400}, eval={"at": [0.25, 0.5, 0.75]})
+    # reference: uninterrupted
+    url_a = f"sqlite:///{tmp_path / 'a.db'}"
+    run_a = registered(url_a, trial)
+    subprocess.run(_train_cmd(url_a, run_a, tmp_path / "art-a", 1e9), check=True, timeout=300)
+    # interrupted: SIGKILL once a checkpoint exists and some metrics are past it, then restart
+    url_b = f"sqlite:///{tmp_path / 'b.db'}"
+    run_b = registered(url_b, trial)
+    proc = subprocess.Popen(_train_cmd(url_b, run_b, tmp_path / "art-b", 1.0))
+    ckpt = next((tmp_path / "art-b").glob("runs/*"), None) if (tmp_path / "art-b" / "runs").exists() else None
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        ckpt = next(iter((tmp_path / "art-b").glob("runs/*/checkpoint.pt")), None)
+        if ckpt is not None and len(metric_rows(url_b, run_b, "train")) >= 3:
+            break
+        time.sleep(0.2)
+    assert ckpt is not None, "no checkpoint was written"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert db.get_run(db.connect(url_b), run_b).status == "pending"  # never finished
+    subprocess.run(_train_cmd(url_b, run_b, tmp_path / "art-b", 1.0), check=True, timeout=300)
+    a, b = metric_rows(url_a, run_a), metric_rows(url_b, run_b)
+    assert [(r.split, r.step) for r in a] == [(r.split, r.step) for r in b]
+    for ra, rb in zip(a, b):
+        assert rb.loss == pytest.approx(ra.loss, rel=2e-3, abs=2e-3), (ra.split, ra.step, ra.loss, rb.loss)
+    final_a = db.get_run(db.connect(url_a), run_a)
+    final_b = db.get_run(db.connect(url_b), run_b)
+    assert final_b.status == "completed" and final_b.steps == final_a.steps == 400
+
+
+@pytest.mark.slow
+def test_two_process_ddp_matches_one_process_at_the_same_global_batch(tmp_path):
+    one = make_trial(batch_size=8, budget={"steps": 40})
+    two = make_trial(batch_size=4, budget={"steps": 40, "gpus": 2})
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    r1, r2 = registered(url, one), registered(url, two)
+    subprocess.run(_train_cmd(url, r1, tmp_path / "art", 1e9), check=True, timeout=300)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           *_train_cmd(url, r2, tmp_path / "art", 1e9)[1:]]
+    subprocess.run(cmd, check=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    engine = db.connect(url)
+    a, b = db.get_run(engine, r1), db.get_run(engine, r2)
+    assert b.status == "completed" and b.samples == a.samples == 40 * 8
+    assert b.final_eval_loss == pytest.approx(a.final_eval_loss, abs=0.05)
+    steps_b = [(r.split, r.step) for r in metric_rows(url, r2)]
+    assert len(steps_b) == len(set(steps_b)) == len(metric_rows(url, r1))  # rank 0 alone writes, once
+
+
+def test_fp16_with_a_grad_scaler_trains(tmp_path):
+    out = train(make_trial(precision="fp16", budget={"steps": 12}), Settings(artifacts=tmp_path / "art", progress=False))
+    assert out["status"] == "completed" and math.isfinite(out["final_eval_loss"])
+
+
+def test_on_oom_shrink_halves_the_micro_batch_keeping_the_effective_batch(tmp_path):
+    out = train(make_trial(on_oom="shrink", batch_size=8), Settings(artifacts=tmp_path / "art", progress=False,
+                                                                    memory_cap_mb=10))
+    shrinks = out["notes"]["oom_shrink"]
+    assert [(s["micro_batch"], s["grad_accum"]) for s in shrinks] == [(4, 2), (2, 4), (1, 8)]
+    assert out["status"] == "oom"  # a CPU cap below the process size cannot be met by any micro-batch
+
+
+def test_gradient_accumulation_matches_the_full_batch(tmp_path):
+    full = train(make_trial(batch_size=8, budget={"steps": 10}), Settings(artifacts=tmp_path / "a", progress=False))
+    accum = train(make_trial(batch_size=4, grad_accum=2, budget={"steps": 10}),
+                  Settings(artifacts=tmp_path / "b", progress=False))
+    assert accum["samples"] == full["samples"] == 80
+    assert accum["final_eval_loss"] == pytest.approx(full["final_eval_loss"], abs=1e-3)
