@@ -1,0 +1,194 @@
+"""Runs trials as subprocesses, classifies their outcome into the run row, and picks what a sweep still owes.
+
+Plain functions, usable from the CLI, a notebook or a test; `flows/` wraps them for Prefect.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+
+from ablate import db
+from ablate.errors import AblateError
+from ablate.spec import TrialConfig, load_trials
+
+MAX_ATTEMPTS = 3  # a failed run is retried by later sweeps until it has had this many attempts
+TERMINAL = ("completed", "oom", "diverged", "failed", "preempted", "cancelled")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How runs execute on this worker (not part of any trial's identity)."""
+
+    db_url: str | None = None
+    artifacts: Path = Path("results/artifacts")
+    checkpoint_every: float = 600.0
+    memory_cap_mb: float | None = None
+    gpu_ids: tuple[int, ...] | None = None  # CUDA_VISIBLE_DEVICES for this trial; None: inherit
+    quiet: bool = True
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def trainer_command(trial: TrialConfig, run_id: int, opts: RunOptions) -> list[str]:
+    """`python -m ablate.train`, or torchrun with one process per GPU when the budget names several."""
+    args = ["-m", "ablate.train", "--run-id", str(run_id), "--artifacts", str(opts.artifacts),
+            "--checkpoint-every", str(opts.checkpoint_every)]
+    if opts.db_url:
+        args += ["--db", opts.db_url]
+    if opts.memory_cap_mb:
+        args += ["--memory-cap-mb", str(opts.memory_cap_mb)]
+    if opts.quiet:
+        args.append("--quiet")
+    if trial.budget.gpus > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={trial.budget.gpus}", *args]
+    return [sys.executable, *args]
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_trial(run_id: int, opts: RunOptions, should_stop: Callable[[], bool] | None = None,
+              poll_seconds: float = 1.0) -> str:
+    """Run one trial to the end (resuming from its checkpoint if it has one) and return its final status.
+
+    `should_stop` is polled while the trainer runs (e.g. an Optuna pruner reading the eval metrics);
+    when it returns True the trainer gets SIGTERM, checkpoints, and the run ends `preempted`.
+    """
+    engine = db.connect(opts.db_url)
+    run = db.get_run(engine, run_id)
+    trial = TrialConfig.model_validate(run.config)
+    db.mark_running(engine, run_id)
+    log_dir = opts.artifacts / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"run-{run_id}.log"
+    env = {**os.environ, **opts.extra_env, "PYTHONUNBUFFERED": "1"}
+    if opts.gpu_ids is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in opts.gpu_ids)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(trainer_command(trial, run_id, opts), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        db.update_run(engine, run_id, pid=proc.pid)
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=poll_seconds if should_stop else None)
+                    break
+                except subprocess.TimeoutExpired:
+                    if should_stop():
+                        proc.send_signal(signal.SIGTERM)
+                        code = proc.wait()
+                        break
+        except BaseException:
+            proc.send_signal(signal.SIGTERM)  # the trainer checkpoints and records `preempted`
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+    return classify(engine, run_id, code, log_path)
+
+
+def classify(engine: sa.Engine, run_id: int, code: int, log_path: Path | None = None) -> str:
+    """The trainer records its own outcome; a process that died without doing so is preempted (killed) or failed."""
+    run = db.get_run(engine, run_id)
+    if run.status in TERMINAL and run.status != "running":
+        db.update_run(engine, run_id, pid=None)
+        return run.status
+    tail = _tail(log_path) if log_path else ""
+    if code < 0 or code in (137, 143):  # killed by a signal: resumable from the last checkpoint
+        status, error = "preempted", f"trainer killed by signal {-code if code < 0 else code - 128}"
+    else:
+        status, error = "failed", f"trainer exited with code {code}:\n{tail}"
+    db.update_run(engine, run_id, status=status, error=error, pid=None, finished_at=db.utcnow())
+    return status
+
+
+def _tail(path: Path, chars: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+# ---------------------------------------------------------------- what a sweep owes
+
+
+def runs_to_do(engine: sa.Engine, sweep_id: int, run_ids: list[int], retry_failed: bool = False) -> list[int]:
+    """Runs of this registration that still need work: pending, preempted, stale running, failed (under the attempt cap)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(db.Run.id, db.Run.status, db.Run.attempts, db.Run.host, db.Run.pid).where(db.Run.id.in_(run_ids))
+        ).all()
+    by_id = {r.id: r for r in rows}
+    todo = []
+    here = socket.gethostname()
+    for rid in run_ids:
+        r = by_id[rid]
+        if r.status in db.FINISHED:
+            continue
+        if r.status == "running" and r.host is not None and (r.host != here or _pid_alive(r.pid)):
+            continue  # another live process (here, or on another worker) has it
+        if r.status == "cancelled" and not retry_failed:
+            continue
+        if r.status == "failed" and r.attempts >= MAX_ATTEMPTS and not retry_failed:
+            continue
+        todo.append(rid)
+    return todo
+
+
+def register(spec_path: str | Path, db_url: str | None = None, max_trials: int = 10_000) -> tuple[Any, int, list[int]]:
+    """Validate and register a sweep: (spec, sweep id, run ids in trial order). Invalid specs write nothing."""
+    spec, trials = load_trials(spec_path, max_trials=max_trials)
+    engine = db.connect(db_url)
+    sweep_id, ids = db.register_sweep(engine, spec, trials, spec_path=str(spec_path))
+    return spec, sweep_id, ids
+
+
+def sweep_runs(engine: sa.Engine, name: str) -> list[db.Run]:
+    with db.session_factory(engine)() as session:
+        sweep = session.scalar(sa.select(db.Sweep).where(db.Sweep.name == name))
+        if sweep is None:
+            known = session.scalars(sa.select(db.Sweep.name)).all()
+            from ablate.errors import did_you_mean
+
+            raise AblateError(f"no sweep named {name!r} in the results DB{did_you_mean(name, known)}; "
+                              f"known: {', '.join(known) or 'none yet'}")
+        return list(session.scalars(sa.select(db.Run).where(db.Run.sweep_id == sweep.id).order_by(db.Run.trial_index)))
+
+
+def cancel(engine: sa.Engine, name: str) -> tuple[int, int]:
+    """Pending runs become `cancelled`; running trainers on this host get SIGTERM (they checkpoint first)."""
+    pending = signalled = 0
+    here = socket.gethostname()
+    for run in sweep_runs(engine, name):
+        if run.status == "pending" or run.status == "preempted" or run.status == "failed":
+            db.update_run(engine, run.id, status="cancelled")
+            pending += 1
+        elif run.status == "running" and run.host == here and _pid_alive(run.pid):
+            os.killpg(run.pid, signal.SIGTERM)
+            signalled += 1
+            deadline = time.monotonic() + 60
+            while _pid_alive(run.pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            db.update_run(engine, run.id, status="cancelled", pid=None)
+    return pending, signalled

@@ -1,0 +1,1 @@
+"""Prefect flows: thin orchestration over ablate.runner (the work lives in ablate/)."""

@@ -1,0 +1,59 @@
+"""Register deployments: `sweep/<spec-name>` for every sweeps/*.yaml, `search/<spec-name>` for those with a
+`search` block, and `trial/<hardware>` per hardware class.
+
+Sweep flows run on the `sweeps` work pool (orchestration only, no GPU); trials run on one pool per
+hardware class whose concurrency limit is its number of GPU slots.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow
+
+from ablate.spec import load_spec
+
+REPO = Path(__file__).resolve().parent.parent
+SWEEP_POOL = "sweeps"
+
+
+def ensure_pool(name: str, concurrency: int | None) -> None:
+    """Create a `process` work pool if it does not exist, and set its concurrency limit."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(name)
+            client.update_work_pool(name, WorkPoolUpdate(concurrency_limit=concurrency))
+        except ObjectNotFound:
+            client.create_work_pool(WorkPoolCreate(name=name, type="process", concurrency_limit=concurrency))
+
+
+def deploy_all(sweeps_dir: Path = REPO / "sweeps", db_url: str | None = None, artifacts: str | None = None,
+               slots: dict[str, int] | None = None, source: Path = REPO) -> list[str]:
+    """Register every deployment; returns their names ("sweep/smoke", "trial/cpu", ...)."""
+    slots = slots or {}
+    specs = {p: load_spec(p) for p in sorted(sweeps_dir.glob("*.yaml"))}
+    names = []
+    ensure_pool(SWEEP_POOL, None)
+    shared = {"db_url": db_url} | ({"artifacts": artifacts} if artifacts else {})
+    for hardware in sorted({s.budget.hardware for s in specs.values()}):
+        ensure_pool(hardware, slots.get(hardware, 1))
+        trial_flow = flow.from_source(source=str(source), entrypoint="flows/sweep.py:trial")
+        trial_flow.deploy(name=hardware, work_pool_name=hardware, parameters=shared, print_next_steps=False)
+        names.append(f"trial/{hardware}")
+    for path, spec in specs.items():
+        sweep_flow = flow.from_source(source=str(source), entrypoint="flows/sweep.py:sweep")
+        rel = path.resolve().relative_to(source.resolve()) if path.resolve().is_relative_to(source.resolve()) else path
+        sweep_flow.deploy(name=spec.name, work_pool_name=SWEEP_POOL, print_next_steps=False,
+                          parameters={"spec": str(rel), "use_deployments": True, **shared},
+                          description=spec.description)
+        names.append(f"sweep/{spec.name}")
+        if spec.search is not None:  # on the GPU pool: a search flow run is a worker training its trials where it runs
+            search_flow = flow.from_source(source=str(source), entrypoint="flows/search.py:search")
+            search_flow.deploy(name=spec.name, work_pool_name=spec.budget.hardware, print_next_steps=False,
+                               parameters={"spec": str(rel), **shared}, description=spec.description)
+            names.append(f"search/{spec.name}")
+    return names

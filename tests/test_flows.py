@@ -1,0 +1,180 @@
+"""Orchestration with real Prefect: the sweep flow end to end, skip/resume rules, outcomes as results."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from ablate import db, runner
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def prefect_harness():
+    """Prefect's test harness: a temporary API server for the module (real flow runs, no mocks)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def smoke_spec(tmp_path: Path, **budget) -> Path:
+    data = yaml.safe_load((REPO / "sweeps" / "smoke.yaml").read_text())
+    data["budget"] = {"steps": 12, "hardware": "cpu", **budget}
+    data["defaults"]["context"] = 64
+    data["eval"] = {"at": [0.5]}
+    path = tmp_path / "smoke.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def statuses(url: str) -> dict[int, str]:
+    with db.connect(url).connect() as conn:
+        return dict(conn.execute(sa.select(db.Run.id, db.Run.status)).all())
+
+
+def metric_count(url: str, run_id: int | None = None) -> int:
+    q = sa.select(sa.func.count()).select_from(db.Metric)
+    if run_id is not None:
+        q = q.where(db.Metric.run_id == run_id)
+    with db.connect(url).connect() as conn:
+        return conn.execute(q).scalar()
+
+
+@pytest.mark.slow
+def test_smoke_sweep_end_to_end_then_only_what_is_owed(prefect_harness, tmp_path):
+    from flows.sweep import sweep
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    spec = smoke_spec(tmp_path)
+    art = str(tmp_path / "art")
+    result = sweep(spec=str(spec), db_url=url, artifacts=art)
+    assert len(result) == 4 and set(result.values()) == {"completed"}
+    assert set(statuses(url).values()) == {"completed"}
+    for rid in result:
+        assert metric_count(url, rid) >= 3
+    before = metric_count(url)
+
+    assert sweep(spec=str(spec), db_url=url, artifacts=art) == {}  # nothing new to run
+    assert metric_count(url) == before
+
+    victim = sorted(result)[1]
+    db.update_run(db.connect(url), victim, status="failed")
+    again = sweep(spec=str(spec), db_url=url, artifacts=art)
+    assert again == {victim: "completed"}  # only the failed one runs
+
+
+@pytest.mark.slow
+def test_killed_trial_is_resumed_by_the_next_sweep_without_duplicate_metrics(prefect_harness, tmp_path):
+    from flows.sweep import sweep
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    spec = smoke_spec(tmp_path, steps=300)
+    spec_data = yaml.safe_load(spec.read_text())
+    spec_data["grid"] = [{"architecture": "mixer", "d_model": 32}]
+    spec.write_text(yaml.safe_dump(spec_data))
+    _, _, (run_id,) = runner.register(spec, url)
+    art = tmp_path / "art"
+    # a trainer started as the runner would, killed once it has a checkpoint and metrics past it
+    opts = runner.RunOptions(db_url=url, artifacts=art, checkpoint_every=1.0)
+    db.mark_running(db.connect(url), run_id)
+    proc = subprocess.Popen(runner.trainer_command(runner.TrialConfig.model_validate(db.get_run(db.connect(url), run_id).config), run_id, opts))
+    db.update_run(db.connect(url), run_id, pid=proc.pid)
+    deadline = time.time() + 180
+    while time.time() < deadline and not (list(art.glob("runs/*/checkpoint.pt")) and metric_count(url, run_id) >= 3):
+        time.sleep(0.2)
+    time.sleep(0.3)
+    proc.kill()
+    proc.wait()
+    assert runner.classify(db.connect(url), run_id, proc.returncode) == "preempted"
+    result = sweep(spec=str(spec), db_url=url, artifacts=str(art), checkpoint_every=1.0)
+    assert result == {run_id: "completed"}
+    with db.connect(url).connect() as conn:
+        pairs = conn.execute(sa.select(db.Metric.split, db.Metric.step).where(db.Metric.run_id == run_id)).all()
+    assert len(pairs) == len(set(pairs))
+    assert db.get_run(db.connect(url), run_id).steps == 300
+
+
+@pytest.mark.slow
+def test_diverged_and_oom_trials_are_results_while_others_complete(prefect_harness, tmp_path):
+    from flows.sweep import sweep
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    spec = smoke_spec(tmp_path)
+    data = yaml.safe_load(spec.read_text())
+    data["grid"] = [
+        {"architecture": "mixer", "d_model": 32},
+        {"architecture": "mixer", "d_model": 32, "lr": 1.0, "warmup": 0.0, "options": {"norm": False}},  # diverges
+        {"architecture": "mixer", "d_model": 1024, "layers": 4},  # too big for the cap below
+    ]
+    data["budget"]["steps"] = 30
+    spec.write_text(yaml.safe_dump(data))
+    # cap between the small models' peak and the big one's
+    result = sweep(spec=str(spec), db_url=url, artifacts=str(tmp_path / "art"), memory_cap_mb=900)
+    assert sorted(result.values()) == ["completed", "diverged", "oom"]
+
+
+def test_runs_to_do_rules(sqlite_url, tmp_path):
+    spec = smoke_spec(tmp_path)
+    _, sweep_id, ids = runner.register(spec, sqlite_url)
+    engine = db.connect(sqlite_url)
+    db.update_run(engine, ids[0], status="completed")
+    db.update_run(engine, ids[1], status="failed", attempts=runner.MAX_ATTEMPTS)
+    db.update_run(engine, ids[2], status="running", pid=None)  # stale: no live process
+    assert runner.runs_to_do(engine, sweep_id, ids) == [ids[2], ids[3]]
+    assert runner.runs_to_do(engine, sweep_id, ids, retry_failed=True) == [ids[1], ids[2], ids[3]]
+    db.update_run(engine, ids[3], status="running", pid=os.getpid(), host=socket.gethostname())  # live here
+    assert runner.runs_to_do(engine, sweep_id, ids) == [ids[2]]
+
+
+def test_trainer_command_uses_torchrun_for_several_gpus(tmp_path):
+    spec = smoke_spec(tmp_path, gpus=4)
+    from ablate.spec import load_trials
+
+    _, trials = load_trials(spec)
+    cmd = runner.trainer_command(trials[0], 7, runner.RunOptions(db_url="sqlite:///x.db"))
+    assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--nproc_per_node=4" in cmd
+    assert cmd[cmd.index("--run-id") + 1] == "7"
+
+
+def test_docker_compose_names_only_things_that_exist():
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"postgres", "prefect-server", "gpu-worker", "sweep-worker", "deployer"} <= set(services)
+    assert (REPO / "Dockerfile").exists()
+    for mount in services["postgres"]["volumes"]:
+        src = mount.split(":")[0]
+        assert src in compose["volumes"] or (REPO / src).exists(), src
+    gpu = services["gpu-worker"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert gpu["driver"] == "nvidia" and "gpu" in gpu["capabilities"]
+    from ablate.cli import build_parser
+
+    parser = build_parser()
+    for name, svc in services.items():
+        cmd = svc.get("command")
+        if not cmd:
+            continue
+        text = " ".join(cmd) if isinstance(cmd, list) else cmd
+        for part in text.split("&&"):
+            words = part.replace("sh -c", "").split()
+            if words and words[0] == "ablate":
+                parser.parse_args(words[1:])  # every ablate command in the file parses
+            elif words and words[0] == "prefect":
+                assert (Path(sys.executable).parent / "prefect").exists() or shutil.which("prefect")
+                if words[1:3] == ["worker", "start"]:
+                    pool = words[words.index("--pool") + 1]
+                    assert pool == "sweeps" or pool.startswith("${ABLATE_POOL"), pool
+    env = compose["x-ablate-env"]
+    assert set(env) == {"ABLATE_DB_URL", "PREFECT_API_URL", "ABLATE_ARTIFACTS"}
+    source = "".join(p.read_text() for p in (REPO / "ablate").rglob("*.py"))
+    assert "ABLATE_DB_URL" in source and "ABLATE_ARTIFACTS" in source
