@@ -1,0 +1,382 @@
+"""Reports: the studies' comparison tables and loss curves, rendered from the results database.
+
+`build_report` reads one sweep's runs and metrics, lays out the tables its spec's `report` block
+declares (rows Train / Test, columns the varying axis, published numbers beside ours), draws the
+loss curves, and writes report.md, a self-contained report.html, the figures and runs.csv.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from ablate import db
+from ablate.errors import AblateError
+from ablate.spec import Reference, SweepSpec, TableSpec, TrialConfig, _same
+
+UNFINISHED = ("pending", "running", "failed", "preempted", "cancelled")
+
+
+@dataclass
+class RunView:
+    """A run as reports see it: its row, its axes (options flattened with defaults) and its reference."""
+
+    row: Any
+    axes: dict[str, Any]
+    reference: Reference | None
+
+    def cell(self, key: str) -> Any:
+        return self.axes.get(key)
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]  # column labels
+    rows: list[tuple[str, list[str]]]  # (row label, cells)
+    runs: list[list[RunView]] = field(default_factory=list)  # runs behind each column
+    notes: list[str] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        head = "| | " + " | ".join(self.columns) + " |"
+        rule = "| --- |" + " --- |" * len(self.columns)
+        body = ["| " + label + " | " + " | ".join(cells) + " |" for label, cells in self.rows]
+        notes = [f"\n_{n}_" for n in self.notes]
+        return "\n".join([f"**{self.title}**", "", head, rule, *body, *notes])
+
+    def html(self) -> str:
+        th = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+        trs = "".join(
+            f"<tr><th>{html.escape(label)}</th>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+            for label, cells in self.rows
+        )
+        notes = "".join(f"<p class=note>{html.escape(n)}</p>" for n in self.notes)
+        return f"<h3>{html.escape(self.title)}</h3><table><tr><th></th>{th}</tr>{trs}</table>{notes}"
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def _mean_std(values: list[float]) -> tuple[float, float | None]:
+    return (statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None)
+
+
+def load_views(engine: sa.Engine, sweep: str) -> tuple[SweepSpec, list[RunView]]:
+    with db.session_factory(engine)() as session:
+        row = session.scalar(sa.select(db.Sweep).where(db.Sweep.name == sweep))
+        if row is None:
+            known = session.scalars(sa.select(db.Sweep.name)).all()
+            raise AblateError(f"no sweep named {sweep!r} in the results DB; known: {', '.join(known) or 'none yet'}")
+        spec = SweepSpec.model_validate(row.spec)
+        runs = list(session.scalars(sa.select(db.Run).where(db.Run.sweep_id == row.id).order_by(db.Run.trial_index)))
+    views = []
+    for r in runs:
+        trial = TrialConfig.model_validate(r.config)
+        matching = [ref for ref in spec.reference if ref.matches(trial)]
+        ref = max(matching, key=lambda x: len(x.match)) if matching else None
+        views.append(RunView(row=r, axes=trial.axes(), reference=ref))
+    return spec, views
+
+
+def _matches(view: RunView, where: dict[str, Any]) -> bool:
+    return all(_same(view.axes.get(k), v) for k, v in where.items())
+
+
+def _varying(views: list[RunView], exclude: set[str]) -> list[str]:
+    keys = sorted({k for v in views for k in v.axes} - exclude - {"seed"})
+    # an option one family lacks (None) does not make an axis vary; differing values do
+    return [k for k in keys if len({repr(v.axes.get(k)) for v in views if v.axes.get(k) is not None}) > 1]
+
+
+def _label(axes: dict[str, Any], keys: list[str]) -> str:
+    short = {"d_model": "d", "layers": "n", "heads": "h", "batch_size": "b", "context": "ctx"}
+    return ", ".join(f"{short.get(k, k.removeprefix('options.'))}={axes.get(k)}" for k in keys)
+
+
+def layout_tables(spec: SweepSpec, views: list[RunView]) -> list[Table]:
+    tables = []
+    for tspec in spec.report.tables:
+        chosen = [v for v in views if _matches(v, tspec.where)]
+        groups: dict[tuple, list[RunView]] = {}
+        for v in chosen:
+            groups.setdefault(tuple(repr(v.axes.get(k)) for k in tspec.group_by), []).append(v)
+        for key, members in groups.items():
+            tables.append(_one_table(spec, tspec, members))
+    return tables
+
+
+def _one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView]) -> Table:
+    col_axis = tspec.columns
+    extra = _varying(members, set(tspec.group_by) | {col_axis})
+    columns: dict[tuple, list[RunView]] = {}
+    for v in sorted(members, key=lambda v: (_sort_key(v.axes.get(col_axis)), [repr(v.axes.get(k)) for k in extra])):
+        columns.setdefault((repr(v.axes.get(col_axis)), *[repr(v.axes.get(k)) for k in extra]), []).append(v)
+    group_label = _label(members[0].axes, list(tspec.group_by)) if tspec.group_by else ""
+    title = tspec.title or group_label or spec.name
+    if tspec.title and group_label and len(tspec.group_by) and tspec.where.keys() != set(tspec.group_by):
+        title = f"{tspec.title} ({group_label})" if group_label not in tspec.title else tspec.title
+    labels = []
+    for runs in columns.values():
+        label = _label(runs[0].axes, [col_axis])
+        if extra:
+            label += " (" + _label(runs[0].axes, extra) + ")"
+        labels.append(label)
+    if spec.report.kind == "memory":
+        rows = [("Peak memory (MB)", [_memory_cell(runs) for runs in columns.values()]),
+                ("Published (MB)", [_ref_memory(runs) for runs in columns.values()])]
+        return Table(title=title, columns=labels, rows=rows, runs=list(columns.values()))
+    rows = [("Train", [_loss_cell(runs, "final_train_loss") for runs in columns.values()]),
+            ("Test", [_loss_cell(runs, "final_eval_loss") for runs in columns.values()])]
+    notes = []
+    if any(r[0].reference for r in columns.values()):
+        rows.append(("Train (published)", [_ref_cell(runs, "train") for runs in columns.values()]))
+        rows.append(("Test (published)", [_ref_cell(runs, "eval") for runs in columns.values()]))
+        rows.append(("Test − published", [_diff_cell(runs) for runs in columns.values()]))
+    seeds = [len(runs) for runs in columns.values()]
+    if max(seeds, default=1) > 1:
+        spreads = [_mean_std([r.row.final_eval_loss for r in runs if r.row.final_eval_loss is not None])[1]
+                   for runs in columns.values() if sum(r.row.final_eval_loss is not None for r in runs) > 1]
+        spreads = [s for s in spreads if s is not None]
+        if spreads:
+            notes.append(f"Noise floor: seed std of test loss up to {max(spreads):.3f}; "
+                         "differences smaller than that are not wins.")
+    notes.append("Losses are token-weighted cross-entropy in nats (the studies averaged per-batch means).")
+    return Table(title=title, columns=labels, rows=rows, runs=list(columns.values()), notes=notes)
+
+
+def _sort_key(value: Any) -> tuple:
+    return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
+
+
+def _status_of(runs: list[RunView]) -> str | None:
+    """A status word for a cell whose runs have no final loss yet (or ended without one)."""
+    statuses = {r.row.status for r in runs}
+    for s in ("oom", "diverged", "pruned", "running", "failed", "preempted", "pending", "cancelled"):
+        if s in statuses and all(r.row.status != "completed" for r in runs):
+            return s
+    return None
+
+
+def _loss_cell(runs: list[RunView], column: str) -> str:
+    values = [getattr(r.row, column) for r in runs if r.row.status == "completed" and getattr(r.row, column) is not None]
+    if not values:
+        return _status_of(runs) or "-"
+    mean, std = _mean_std(values)
+    return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f}"
+
+
+def _ref_cell(runs: list[RunView], which: str) -> str:
+    ref = runs[0].reference
+    return _fmt(getattr(ref, which)) if ref is not None else ""
+
+
+def _diff_cell(runs: list[RunView]) -> str:
+    ref = runs[0].reference
+    values = [r.row.final_eval_loss for r in runs if r.row.status == "completed" and r.row.final_eval_loss is not None]
+    if ref is None or ref.eval is None or not values:
+        return ""
+    return f"{statistics.fmean(values) - ref.eval:+.2f}"
+
+
+def _memory_cell(runs: list[RunView]) -> str:
+    r = runs[0].row
+    if r.status == "oom":
+        return "OOM"
+    if r.status == "completed" and r.peak_memory_mb is not None:
+        return f"{r.peak_memory_mb:.0f}"
+    return r.status
+
+
+def _ref_memory(runs: list[RunView]) -> str:
+    ref = runs[0].reference
+    if ref is None or ref.memory_mb is None:
+        return ""
+    return ref.memory_mb if isinstance(ref.memory_mb, str) else f"{ref.memory_mb:.0f}"
+
+
+# ---------------------------------------------------------------- curves
+
+
+def draw_curves(engine: sa.Engine, table: Table, x_axes: tuple[str, ...] = ("hours", "tokens")):
+    """One figure per table: rows train / eval loss, columns the x axes; one line per run in each panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for col in table.runs for r in col]
+    ids = [r.row.id for r in runs]
+    points: dict[tuple[int, str], list[Any]] = {}
+    if ids:
+        with engine.connect() as conn:
+            for m in conn.execute(sa.select(db.Metric).where(db.Metric.run_id.in_(ids)).order_by(db.Metric.step)):
+                points.setdefault((m.run_id, m.split), []).append(m)
+    fig, axes = plt.subplots(2, len(x_axes), figsize=(5.5 * len(x_axes), 7.5), squeeze=False, sharey="row")
+    labels = {r.row.id: f"run {r.row.id}: " + _label(r.axes, [k for k in _varying(runs, set()) or ["architecture"]])
+              for r in runs}
+    longest = max((p.elapsed_seconds for pts in points.values() for p in pts), default=0.0)
+    unit, per = time_unit(longest)
+    for i, split in enumerate(("train", "eval")):
+        for j, x in enumerate(x_axes):
+            ax = axes[i][j]
+            for r in runs:
+                pts = points.get((r.row.id, split), [])
+                xs = [p.elapsed_seconds / per if x == "hours" else _x(p, x) for p in pts]
+                ax.plot(xs, [p.loss for p in pts], marker="o" if split == "eval" else None, markersize=3,
+                        linewidth=1.4, label=labels[r.row.id], gid=f"run-{r.row.id}-{split}-{x}")
+            ax.set_xlabel({"hours": f"training wall clock ({unit})", "tokens": "tokens seen", "steps": "steps"}[x])
+            ax.set_ylabel(f"{split} loss (nats)")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8, loc="upper right")
+    fig.suptitle(table.title)
+    fig.tight_layout()
+    return fig
+
+
+def time_unit(longest_seconds: float) -> tuple[str, float]:
+    """Hours for real runs (the studies' axis); minutes or seconds for short ones, so ticks stay readable."""
+    if longest_seconds >= 2 * 3600:
+        return "hours", 3600.0
+    if longest_seconds >= 600:
+        return "minutes", 60.0
+    return "seconds", 1.0
+
+
+def _x(point: Any, axis: str) -> float:
+    return {"hours": point.elapsed_seconds / 3600, "tokens": point.tokens, "steps": point.step}[axis]
+
+
+# ---------------------------------------------------------------- output
+
+
+@dataclass
+class Report:
+    sweep: str
+    tables: list[Table]
+    figures: list[Path]
+    out: Path
+    files: list[Path]
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:60] or "table"
+
+
+def build_report(sweep: str, url: str | None = None, out: Path | None = None,
+                 formats: tuple[str, ...] = ("md", "html", "png", "svg", "csv"), skip: tuple[str, ...] = ()) -> Report:
+    """The report of one sweep, laid out as its spec's `report` block says."""
+    engine = db.connect(url)
+    spec, views = load_views(engine, sweep)
+    return _render(engine, spec, views, layout_tables(spec, views), [sweep], url,
+                   out or Path("results/reports") / sweep, formats, skip)
+
+
+def build_comparison(sweeps: list[str], url: str | None = None, out: Path | None = None,
+                     formats: tuple[str, ...] = ("md", "html", "png", "svg", "csv"), skip: tuple[str, ...] = ()) -> Report:
+    """Several sweeps side by side: one table whose columns are the sweeps (and what varies within them)."""
+    if len(sweeps) < 2:
+        raise AblateError("--compare needs at least two sweep names")
+    engine = db.connect(url)
+    views: list[RunView] = []
+    specs = []
+    for name in sweeps:
+        spec, vs = load_views(engine, name)
+        specs.append(spec)
+        for v in vs:
+            v.axes["sweep"] = name
+        views += vs
+    title = " vs ".join(sweeps)
+    combined = specs[0].model_copy(update={"name": "compare-" + "-".join(sweeps), "description": f"Comparison: {title}"})
+    table = _one_table(combined, TableSpec(title=title, group_by=(), columns="sweep"), views)
+    return _render(engine, combined, views, [table], sweeps, url,
+                   out or Path("results/reports") / combined.name, formats, skip)
+
+
+def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: list[Table], sweeps: list[str],
+            url: str | None, out: Path, formats: tuple[str, ...], skip: tuple[str, ...]) -> Report:
+    out.mkdir(parents=True, exist_ok=True)
+    figures: list[Path] = []
+    embedded: list[str] = []
+    import matplotlib.pyplot as plt
+
+    if spec.report.kind == "loss":
+        for t in tables:
+            fig = draw_curves(engine, t, spec.report.curves)
+            stem = out / f"curves-{_slug(t.title)}"
+            for ext in ("png", "svg"):
+                if ext in formats or (ext == "png" and "html" in formats):
+                    fig.savefig(stem.with_suffix(f".{ext}"), dpi=110)
+                    figures.append(stem.with_suffix(f".{ext}"))
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=110)
+            embedded.append(base64.b64encode(buf.getvalue()).decode())
+            plt.close(fig)
+    files = list(figures)
+    summary = _summary(views)
+    samples = _samples(views, spec.report.prompt, url) if spec.report.prompt and "samples" not in skip else []
+    if "md" in formats:
+        md = [f"# {spec.name}", "", spec.description, "", summary, ""]
+        for t, fig_index in zip(tables, range(len(tables))):
+            md += [t.markdown(), ""]
+            png = out / f"curves-{_slug(t.title)}.png"
+            if png in figures:
+                md += [f"![{t.title}]({png.name})", ""]
+        if samples:
+            md += [f"**Completions of the prompt** _{spec.report.prompt}_", ""]
+            md += [f"- run {rid} ({label}): {text}" for rid, label, text in samples]
+        (out / "report.md").write_text("\n".join(md))
+        files.append(out / "report.md")
+    if "html" in formats:
+        parts = [f"<h1>{html.escape(spec.name)}</h1><p>{html.escape(spec.description)}</p><p>{html.escape(summary)}</p>"]
+        for i, t in enumerate(tables):
+            parts.append(t.html())
+            if i < len(embedded):
+                parts.append(f'<img alt="{html.escape(t.title)}" src="data:image/png;base64,{embedded[i]}">')
+        if samples:
+            parts.append(f"<h3>Completions of the prompt</h3><p><i>{html.escape(spec.report.prompt)}</i></p><ul>")
+            parts += [f"<li>run {rid} ({html.escape(label)}): {html.escape(text)}</li>" for rid, label, text in samples]
+            parts.append("</ul>")
+        style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
+                 "td,th{border:1px solid #ccc;padding:4px 10px;text-align:right}img{max-width:100%}.note{color:#555}")
+        (out / "report.html").write_text(f"<!doctype html><meta charset=utf-8><title>{html.escape(spec.name)}</title>"
+                                         f"<style>{style}</style>" + "".join(parts))
+        files.append(out / "report.html")
+    if "csv" in formats:
+        from ablate import results
+
+        import pandas as pd
+
+        pd.concat([results.runs(name, url) for name in sweeps]).to_csv(out / "runs.csv", index=False)
+        files.append(out / "runs.csv")
+    return Report(sweep=spec.name, tables=tables, figures=figures, out=out, files=files)
+
+
+def _samples(views: list[RunView], prompt: str, url: str | None, max_new: int = 48) -> list[tuple[int, str, str]]:
+    """(run id, label, greedy completion) for every completed run whose checkpoint is reachable."""
+    from ablate.generate import complete, load_run_model
+
+    keys = _varying(views, set()) or ["architecture"]
+    out = []
+    for v in views:
+        if v.row.status != "completed" or not v.row.checkpoint_path or not Path(v.row.checkpoint_path).exists():
+            continue
+        trial, model, tokenizer = load_run_model(v.row.id, url)
+        text = complete(model, tokenizer, prompt, trial.context, max_new=max_new).replace("\n", " ")
+        out.append((v.row.id, _label(v.axes, keys), text))
+    return out
+
+
+def _summary(views: list[RunView]) -> str:
+    counts: dict[str, int] = {}
+    for v in views:
+        counts[v.row.status] = counts.get(v.row.status, 0) + 1
+    return f"{len(views)} runs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))

@@ -1,0 +1,182 @@
+"""Reports rendered from a DB filled by a real (tiny) sweep: tables equal the DB, curves hold every run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from ablate import db, runner
+from ablate.report import build_report, draw_curves, layout_tables, load_views
+from ablate.train import Settings, train
+from ablate.spec import TrialConfig
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_spec(tmp_path: Path, **changes) -> Path:
+    data = yaml.safe_load((REPO / "sweeps" / "smoke.yaml").read_text())
+    data.update({"budget": {"steps": 12, "hardware": "cpu"}, "eval": {"at": [0.5]}})
+    data["defaults"]["context"] = 48
+    data["reference"] = [{"match": {"architecture": "mixer", "d_model": 32}, "train": 2.5, "eval": 2.75}]
+    data.update(changes)
+    path = tmp_path / "smoke.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory):
+    """The smoke grid (plus a second seed of one trial) really trained, in-process, into a SQLite DB."""
+    tmp = tmp_path_factory.mktemp("report")
+    spec = write_spec(tmp, grid=[{"architecture": "mixer", "d_model": [32, 64]},
+                                 {"architecture": "mixer", "d_model": 32, "seeds": [1]},
+                                 {"architecture": "llama", "heads": 4, "d_model": [32, 64]}])
+    url = f"sqlite:///{tmp / 'r.db'}"
+    _, _, ids = runner.register(spec, url)
+    engine = db.connect(url)
+    for rid in ids:
+        trial = TrialConfig.model_validate(db.get_run(engine, rid).config)
+        db.mark_running(engine, rid)
+        train(trial, Settings(artifacts=tmp / "art", db_url=url, run_id=rid, progress=False, log_points=6))
+    return url, ids, tmp
+
+
+def test_every_table_cell_equals_the_db(filled):
+    url, ids, tmp = filled
+    report = build_report("smoke", url, tmp / "out")
+    engine = db.connect(url)
+    with engine.connect() as conn:
+        rows = {r.id: r for r in conn.execute(sa.select(db.Run))}
+    tables = {t.title: t for t in report.tables}
+    assert set(tables) == {"architecture=mixer", "architecture=llama"}
+    mixer = tables["architecture=mixer"]
+    assert mixer.columns == ["d=32", "d=64"]
+    train_row = dict(mixer.rows)["Train"]
+    d32 = [r for r in rows.values() if r.architecture == "mixer" and r.d_model == 32]
+    assert len(d32) == 2  # two seeds: mean ± std
+    import statistics
+
+    values = [r.final_train_loss for r in d32]
+    assert train_row[0] == f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}"
+    d64 = next(r for r in rows.values() if r.architecture == "mixer" and r.d_model == 64)
+    assert train_row[1] == f"{d64.final_train_loss:.2f}"
+    assert dict(mixer.rows)["Test"][1] == f"{d64.final_eval_loss:.2f}"
+    assert dict(mixer.rows)["Test (published)"] == ["2.75", ""]
+    mean_eval = statistics.fmean(r.final_eval_loss for r in d32)
+    assert dict(mixer.rows)["Test − published"][0] == f"{mean_eval - 2.75:+.2f}"
+    assert any("Noise floor" in n for n in mixer.notes)
+    llama = tables["architecture=llama"]
+    for r in rows.values():
+        if r.architecture == "llama":
+            col = llama.columns.index(f"d={r.d_model}")
+            assert dict(llama.rows)["Train"][col] == f"{r.final_train_loss:.2f}"
+            assert dict(llama.rows)["Test"][col] == f"{r.final_eval_loss:.2f}"
+
+
+def test_every_run_is_one_line_in_each_panel_of_the_curves(filled):
+    url, ids, _ = filled
+    engine = db.connect(url)
+    spec, views = load_views(engine, "smoke")
+    for table in layout_tables(spec, views):
+        fig = draw_curves(engine, table)
+        run_ids = [r.row.id for col in table.runs for r in col]
+        assert "training wall clock (seconds)" in {ax.get_xlabel() for ax in fig.axes}
+        for ax in fig.axes:
+            lines = [l for l in ax.get_lines() if l.get_gid()]
+            assert sorted(int(l.get_gid().split("-")[1]) for l in lines) == sorted(run_ids)
+            for line in lines:
+                _, rid, split, x = line.get_gid().split("-")
+                with engine.connect() as conn:
+                    pts = conn.execute(sa.select(db.Metric).where(db.Metric.run_id == int(rid), db.Metric.split == split)
+                                       .order_by(db.Metric.step)).all()
+                assert list(line.get_ydata()) == [p.loss for p in pts]
+                expected_x = [p.elapsed_seconds if x == "hours" else p.tokens for p in pts]  # seconds: short runs
+                assert list(line.get_xdata()) == pytest.approx(expected_x)
+
+
+def test_output_files_and_self_contained_html(filled):
+    url, ids, tmp = filled
+    report = build_report("smoke", url, tmp / "files")
+    names = {p.name for p in report.files}
+    assert {"report.md", "report.html", "runs.csv"} <= names
+    assert {"curves-architecture-mixer.png", "curves-architecture-llama.svg"} <= names
+    page = (tmp / "files" / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 2 and 'src="http' not in page
+    csv_lines = (tmp / "files" / "runs.csv").read_text().strip().splitlines()
+    assert len(csv_lines) == len(ids) + 1
+
+
+def test_unfinished_oom_and_running_cells_render(tmp_path):
+    spec = write_spec(tmp_path)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    _, _, ids = runner.register(spec, url)
+    report = build_report("smoke", url, tmp_path / "empty")  # nothing ran yet
+    assert all(cell == "pending" for t in report.tables for label, cells in t.rows[:2] for cell in cells)
+    engine = db.connect(url)
+    db.update_run(engine, ids[0], status="oom")
+    db.update_run(engine, ids[1], status="running")
+    db.update_run(engine, ids[2], status="diverged")
+    report = build_report("smoke", url, tmp_path / "mixed")
+    mixer = next(t for t in report.tables if "mixer" in t.title)
+    llama = next(t for t in report.tables if "llama" in t.title)
+    assert dict(mixer.rows)["Train"] == ["oom", "running"]
+    assert dict(llama.rows)["Test"] == ["diverged", "pending"]
+
+
+def test_memory_report_shows_oom_cells(tmp_path):
+    data = yaml.safe_load((REPO / "sweeps" / "context-memory.yaml").read_text())
+    data["dataset"] = {"source": "ablate:tinystories-sample"}
+    path = tmp_path / "cm.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))  # grid order: layers outer, context inner
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    _, _, ids = runner.register(path, url)
+    engine = db.connect(url)
+    db.update_run(engine, ids[0], status="completed", peak_memory_mb=2100.4)
+    db.update_run(engine, ids[1], status="oom")
+    report = build_report("context-memory", url, tmp_path / "out")
+    first = report.tables[0]
+    cells = dict(first.rows)["Peak memory (MB)"]
+    assert cells[0] == "2100" and cells[1] == "OOM"
+    assert dict(first.rows)["Published (MB)"][:2] == ["2071", "2341"]
+
+
+def test_report_shows_each_runs_completion_of_the_prompt(filled, capsys):
+    url, ids, tmp = filled
+    report = build_report("smoke", url, tmp / "samples", formats=("md",))
+    text = (report.out / "report.md").read_text()
+    assert "Completions of the prompt" in text
+    assert sum(line.startswith("- run ") for line in text.splitlines()) == len(ids)
+    from ablate.cli import main
+
+    assert main(["generate", str(ids[0]), "--prompt", "Once upon a time", "--db", url, "--max-new", "8"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Once upon a time") and len(out.strip()) > len("Once upon a time")
+
+
+def test_generate_without_a_checkpoint_is_a_clear_error(tmp_path):
+    spec = write_spec(tmp_path)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    _, _, ids = runner.register(spec, url)
+    from ablate.errors import AblateError
+    from ablate.generate import load_run_model
+
+    with pytest.raises(AblateError, match="has no checkpoint"):
+        load_run_model(ids[0], url)
+
+
+def test_compare_puts_two_sweeps_side_by_side(filled, tmp_path):
+    url, ids, tmp = filled
+    spec = write_spec(tmp_path, name="smoke-b", grid=[{"architecture": "mixer", "d_model": 32}])
+    _, _, (other,) = runner.register(spec, url)
+    db.update_run(db.connect(url), other, status="completed", final_train_loss=1.25, final_eval_loss=1.5)
+    from ablate.report import build_comparison
+
+    report = build_comparison(["smoke", "smoke-b"], url, tmp_path / "cmp", formats=("md", "csv"))
+    (table,) = report.tables
+    assert table.title == "smoke vs smoke-b"
+    col = next(i for i, c in enumerate(table.columns) if c.startswith("sweep=smoke-b"))
+    assert dict(table.rows)["Test"][col] == "1.50"
+    assert len((tmp_path / "cmp" / "runs.csv").read_text().strip().splitlines()) == len(ids) + 2
