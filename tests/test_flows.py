@@ -79,7 +79,8 @@ def test_killed_trial_is_resumed_by_the_next_sweep_without_duplicate_metrics(pre
     from flows.sweep import sweep
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    spec = smoke_spec(tmp_path, steps=300)
+    steps = 3000  # long enough (~10 s here) that the kill lands mid-run on a fast idle machine too
+    spec = smoke_spec(tmp_path, steps=steps)
     spec_data = yaml.safe_load(spec.read_text())
     spec_data["grid"] = [{"architecture": "mixer", "d_model": 32}]
     spec.write_text(yaml.safe_dump(spec_data))
@@ -94,6 +95,7 @@ def test_killed_trial_is_resumed_by_the_next_sweep_without_duplicate_metrics(pre
     while time.time() < deadline and not (list(art.glob("runs/*/checkpoint.pt")) and metric_count(url, run_id) >= 3):
         time.sleep(0.2)
     time.sleep(0.3)
+    assert proc.poll() is None, "the trainer finished before it could be killed: raise `steps`"
     proc.kill()
     proc.wait()
     assert runner.classify(db.connect(url), run_id, proc.returncode) == "preempted"
@@ -102,7 +104,7 @@ def test_killed_trial_is_resumed_by_the_next_sweep_without_duplicate_metrics(pre
     with db.connect(url).connect() as conn:
         pairs = conn.execute(sa.select(db.Metric.split, db.Metric.step).where(db.Metric.run_id == run_id)).all()
     assert len(pairs) == len(set(pairs))
-    assert db.get_run(db.connect(url), run_id).steps == 300
+    assert db.get_run(db.connect(url), run_id).steps == steps
 
 
 @pytest.mark.slow
