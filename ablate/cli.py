@@ -58,7 +58,17 @@ def _param_counts(trial: Any) -> tuple[int | None, int | None]:
     vocab = trial.tokenizer.vocab_size or 32000
     total = fam.param_count(trial, vocab) if hasattr(fam, "param_count") else None
     inter = fam.inter_token_params(trial) if hasattr(fam, "inter_token_params") else None
+    if trial.objective in ("bidirectional", "autoencoder") and total is not None and inter is not None:
+        # two stacks sharing one embedding and head (untied: two vocab x d_model matrices; tied: one)
+        ends = vocab * trial.d_model * (1 if trial.effective_options().get("tie_weights") else 2)
+        total, inter = 2 * total - ends, 2 * inter
     return total, inter
+
+
+def objective_label(objective: str, options: dict | None) -> str:
+    """`multi_token(n_tokens=3)`: an objective with the options a trial sets."""
+    extra = ",".join(f"{k}={v}" for k, v in sorted((options or {}).items()))
+    return f"{objective}({extra})" if extra else objective
 
 
 @command("plan")
@@ -67,7 +77,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     spec, trials = load_trials(args.spec, max_trials=args.max_trials)
     table = Table(title=f"sweep {spec.name}: {spec.description}".rstrip(": "), title_justify="left")
-    for col in ("#", "fingerprint", "architecture", "options", "d_model", "layers", "heads", "context", "lr",
+    show_objective = any(t.objective != "clm" for t in trials)
+    for col in ("#", "fingerprint", "architecture", *(["objective"] if show_objective else []), "options", "d_model", "layers", "heads", "context", "lr",
                 "batch", "seed", "params", "inter-token", "reference"):
         table.add_column(col, justify="right" if col not in ("fingerprint", "architecture", "options") else "left")
     per_class: dict[str, float] = defaultdict(float)
@@ -79,7 +90,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if ref is not None and ref.memory_mb is not None:
             ref_text = f"{ref.memory_mb} MB"
         opts = ",".join(f"{k}={v}" for k, v in sorted(t.options.items()))
-        table.add_row(str(i), t.fingerprint(), t.architecture, opts, str(t.d_model), str(t.layers),
+        objective = [objective_label(t.objective, t.objective_options)] if show_objective else []
+        table.add_row(str(i), t.fingerprint(), t.architecture, *objective, opts, str(t.d_model), str(t.layers),
                       str(t.heads or "-"), str(t.context), f"{t.lr:g}", str(t.batch_size), str(t.seed),
                       human_count(total), human_count(inter), ref_text)
         key = f"{t.budget.gpus}x {t.budget.hardware}"

@@ -369,6 +369,8 @@ def _samples(views: list[RunView], prompt: str, url: str | None, max_new: int = 
     for v in views:
         if v.row.status != "completed" or not v.row.checkpoint_path or not Path(v.row.checkpoint_path).exists():
             continue
+        if v.axes.get("objective", "clm") not in ("clm", "multi_token"):  # no next-token head to sample from
+            continue
         trial, model, tokenizer = load_run_model(v.row.id, url)
         text = complete(model, tokenizer, prompt, trial.context, max_new=max_new).replace("\n", " ")
         out.append((v.row.id, _label(v.axes, keys), text))

@@ -23,7 +23,13 @@ from ablate import models
 from ablate.errors import AblateError, SpecError, did_you_mean, one_of
 
 MAX_TRIALS = 10_000
-OBJECTIVES = ("clm", "bidirectional", "multi_token", "autoencoder", "one_step", "retrieval")
+OBJECTIVES = ("clm", "bidirectional", "multi_token", "autoencoder", "one_step")
+# Objectives that rebuild a model from its embedding, block stack and head need those parts exposed
+# (ablate.models: embed / hidden_from_embeds / head / layers); None means every architecture.
+OBJECTIVE_ARCHITECTURES: dict[str, tuple[str, ...] | None] = {
+    "clm": None, "multi_token": None,
+    "bidirectional": ("mixer", "llama"), "autoencoder": ("mixer", "llama"), "one_step": ("mixer", "llama"),
+}
 # GPU classes the studies ran on; any other name is a Prefect work pool of the user's.
 HARDWARE_MEMORY_GB: dict[str, float] = {"cpu": 0, "rtx3060": 12, "v100": 16, "a100": 80, "h100": 80, "h200": 141}
 
@@ -178,12 +184,32 @@ class EvalPlan(Frozen):
 # ---------------------------------------------------------------- trial
 
 
+class MultiTokenOptions(Frozen):
+    n_tokens: int = Field(2, ge=2, le=16, description="tokens ahead, one chained pass each")
+
+
+class OneStepOptions(Frozen):
+    split: float = Field(0.5, gt=0, lt=1, description="fraction of the window given; the rest is predicted")
+    mask_layer: int | None = Field(None, ge=1, description="blocks before the prediction half is masked; default layers // 2")
+
+
+class NoOptions(Frozen):
+    pass
+
+
+OBJECTIVE_OPTIONS: dict[str, type[Frozen]] = {
+    "clm": NoOptions, "bidirectional": NoOptions, "autoencoder": NoOptions,
+    "multi_token": MultiTokenOptions, "one_step": OneStepOptions,
+}
+
+
 class TrialConfig(Frozen):
     """Everything one run needs. Its fingerprint is the run's identity."""
 
     architecture: str
     options: dict[str, Any] = Field(default_factory=dict)
     objective: str = "clm"
+    objective_options: dict[str, Any] = Field(default_factory=dict)
     d_model: int = Field(gt=0)
     layers: int = Field(gt=0)
     heads: int | None = Field(None, gt=0)
@@ -216,6 +242,17 @@ class TrialConfig(Frozen):
             raise ValueError(
                 f"unknown objective {self.objective!r}{did_you_mean(self.objective, OBJECTIVES)}; known: {one_of(OBJECTIVES)}"
             )
+        allowed = OBJECTIVE_ARCHITECTURES[self.objective]
+        if allowed is not None and self.architecture not in allowed:
+            raise ValueError(f"objective {self.objective!r} is built for architectures {one_of(allowed)}, "
+                             f"not {self.architecture!r}; use one of those or objective: clm")
+        self.objective_settings()
+        if self.objective == "one_step":
+            mask_layer = self.objective_settings().mask_layer
+            if mask_layer is not None and mask_layer >= self.layers:
+                raise ValueError(f"objective_options.mask_layer={mask_layer} must be below layers={self.layers}")
+            if self.layers < 2:
+                raise ValueError("objective 'one_step' masks the prediction half between blocks: needs layers >= 2")
         if self.heads is not None and self.d_model % self.heads:
             divisors = [h for h in (1, 2, 4, 8, 16, 32, 64) if self.d_model % h == 0]
             raise ValueError(
@@ -242,13 +279,34 @@ class TrialConfig(Frozen):
                 opts.check_trial(self)
         return self
 
+    def objective_settings(self) -> Any:
+        """The objective's options with their defaults (validated)."""
+        cls = OBJECTIVE_OPTIONS[self.objective]
+        try:
+            return cls(**self.objective_options)
+        except ValidationError as exc:
+            msgs = []
+            for err in exc.errors():
+                key = ".".join(str(p) for p in err["loc"])
+                if err["type"] == "extra_forbidden":
+                    names = list(cls.model_fields)
+                    msgs.append(f"objective_options.{key}: objective {self.objective!r} has no option {key!r}"
+                                f"{did_you_mean(key, names)}; options: {one_of(names) if names else 'none'}")
+                else:
+                    msgs.append(f"objective_options.{key}: {err['msg']} (got {err.get('input')!r})")
+            raise ValueError("; ".join(msgs)) from None
+
     def fingerprint(self) -> str:
-        return fingerprint(self.model_dump(mode="json"))
+        data = self.model_dump(mode="json")
+        if not data["objective_options"]:  # trials from before objective options keep their identity
+            del data["objective_options"]
+        return fingerprint(data)
 
     def axes(self) -> dict[str, Any]:
         """The values that vary across the studies' tables, flattened (options as options.key)."""
         out = {k: getattr(self, k) for k in AXIS_FIELDS}
         out.update({f"options.{k}": v for k, v in sorted(self.effective_options().items())})
+        out.update({f"objective_options.{k}": v for k, v in sorted(self.objective_options.items())})
         return out
 
     def effective_options(self) -> dict[str, Any]:
@@ -596,7 +654,7 @@ def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_T
 def _field_named_by(message: str) -> str:
     """The trial field a whole-trial validation message is about (for its key path)."""
     message = message.removeprefix("Value error, ")
-    for prefix, field in (("heads=", "heads"), ("kv_heads=", "kv_heads"), ("unknown architecture", "architecture"),
+    for prefix, field in (("objective_options", "objective_options"), ("objective ", "objective"), ("heads=", "heads"), ("kv_heads=", "kv_heads"), ("unknown architecture", "architecture"),
                           ("unknown objective", "objective"), ("unknown ", "options"), ("option ", "options")):
         if message.startswith(prefix):
             return field

@@ -84,8 +84,10 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     head_weights = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
     embedding = sum(m.weight.numel() for m in model.modules()
                     if isinstance(m, torch.nn.Embedding) and id(m.weight) not in head_weights)
-    flops_per_token = bud.train_flops_per_token(params - embedding, fam.mixing_flops_per_token(trial))
-    loss_fn = objectives.loss_function(trial.objective)
+    param_passes, mixing_stacks = objectives.passes(trial)  # multi-token runs the model n times; two-stack objectives
+    flops_per_token = param_passes * bud.train_flops_per_token(
+        params - embedding, mixing_stacks / param_passes * fam.mixing_flops_per_token(trial))
+    loss_fn = objectives.loss_function(trial)
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -105,7 +107,12 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     ckpt_path = run_dir(settings, trial) / "checkpoint.pt"
     resumed = False
     if settings.resume and ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location=device, weights_only=False)
+        try:
+            state = torch.load(ckpt_path, map_location=device, weights_only=False)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: say which and what to do
+            raise AblateError(f"checkpoint {ckpt_path} cannot be read ({type(exc).__name__}: {exc}); checkpoints are "
+                              "written atomically, so something else changed it: delete it to restart this run from "
+                              "step 0") from exc
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         if scaler is not None and state["scaler"] is not None:

@@ -7,6 +7,11 @@ A family module exposes:
     inter_token_params(trial)      -> int, parameters that mix across positions
     mixing_flops_per_token(trial)  -> float, forward FLOPs/token of token mixing (beyond 2 * params)
 
+Models of the families that the stack-rebuilding objectives support (spec.OBJECTIVE_ARCHITECTURES:
+bidirectional, autoencoder, one_step) also expose their parts: embed(input_ids) -> (B, T, D),
+hidden_from_embeds(x) -> (B, T, D) through every block, head(hidden) -> logits, and `layers`
+(the block ModuleList).
+
 Modules are imported lazily so that reading a spec does not pay for torch/transformers.
 """
 

@@ -31,8 +31,26 @@ class Llama(nn.Module):
 
         self.hf = LlamaForCausalLM(config)
 
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.hf.model.layers
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        return self.hf.model.embed_tokens(input_ids)
+
+    def hidden_from_embeds(self, x: Tensor) -> Tensor:
+        return self.hf.model(inputs_embeds=x, use_cache=False).last_hidden_state  # (B, T, D), after the final norm
+
     def hidden_states(self, input_ids: Tensor) -> Tensor:
         return self.hf.model(input_ids=input_ids, use_cache=False).last_hidden_state  # (B, T, D), after the final norm
+
+    def head(self, hidden: Tensor) -> Tensor:
+        return self.hf.lm_head(hidden)
+
+    def strip_ends(self) -> None:
+        """Drop the token embedding and LM head: this stack runs on another model's embeddings."""
+        self.hf.model.embed_tokens = None
+        self.hf.lm_head = None
 
     def forward(self, input_ids: Tensor) -> Tensor:
         return self.hf.lm_head(self.hidden_states(input_ids))  # (B, T, V)

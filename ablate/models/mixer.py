@@ -187,18 +187,33 @@ class MaskedMixer(nn.Module):
         if opts.tie_weights:
             self.lm_head.weight = self.wte.weight
 
-    def hidden_states(self, input_ids: Tensor) -> Tensor:
-        t = input_ids.shape[1]
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.blocks
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        x = self.wte(input_ids)  # (B, T, D)
+        return self.embed_linear(x) if self.embed_linear is not None else x
+
+    def hidden_from_embeds(self, x: Tensor) -> Tensor:
+        t = x.shape[1]
         if t > self.context:
             raise ValueError(f"sequence length {t} exceeds the mixer's context window {self.context}")
-        x = self.wte(input_ids)  # (B, T, D)
-        if self.embed_linear is not None:
-            x = self.embed_linear(x)
         for i, block in enumerate(self.blocks):
             if self.wpe is not None and (i == 0 or self.opts.positional == "every"):
                 x = x + self.wpe.weight[:t]
             x = block(x)
         return x  # the studies' mixer has no final norm
+
+    def hidden_states(self, input_ids: Tensor) -> Tensor:
+        return self.hidden_from_embeds(self.embed(input_ids))
+
+    def head(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(hidden)
+
+    def strip_ends(self) -> None:
+        """Drop the token embedding and LM head: this stack runs on another model's embeddings."""
+        self.wte = self.embed_linear = self.lm_head = None
 
     def forward(self, input_ids: Tensor) -> Tensor:
         return self.lm_head(self.hidden_states(input_ids))  # (B, T, V)

@@ -1,0 +1,92 @@
+"""Training objectives: what a trial's model is, and how a batch becomes a summed loss and a token count.
+
+Losses are returned as (sum over counted tokens, number of counted tokens) so that callers form
+token-weighted means across batches, micro-batches and ranks (the studies averaged per-batch means).
+
+Each objective module (one file each) exposes `build(trial, vocab_size) -> nn.Module` (forward maps
+input_ids (B, T) to logits (B, T, V)) and `loss(trial) -> LossFn`; `clm` is the registry's model with
+next-token cross-entropy. Which architectures an objective supports is declared in
+spec.OBJECTIVE_ARCHITECTURES, so that a spec is refused before anything trains.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor, nn
+
+from ablate.errors import AblateError
+
+IGNORE_INDEX = -100
+
+LossFn = Callable[[nn.Module, Tensor, Tensor], tuple[Tensor, Tensor]]
+
+MODULES = {
+    "clm": "ablate.objectives.clm",
+    "bidirectional": "ablate.objectives.bidirectional",
+    "autoencoder": "ablate.objectives.autoencoder",
+    "multi_token": "ablate.objectives.multi_token",
+    "one_step": "ablate.objectives.one_step",
+}
+
+
+def _module(objective: str):
+    if objective not in MODULES:
+        raise AblateError(f"objective {objective!r} is not implemented; implemented: {', '.join(sorted(MODULES))}")
+    return importlib.import_module(MODULES[objective])
+
+
+def loss_function(trial: Any) -> LossFn:
+    """The trainer's loss for a trial: (model, input_ids, labels) -> (loss sum, token count).
+
+    Accepts an objective name too (its options at their defaults).
+    """
+    if isinstance(trial, str):
+        return _module(trial).loss(None)
+    return _module(trial.objective).loss(trial)
+
+
+def model_for(trial: Any, vocab_size: int) -> nn.Module:
+    """The model a trial trains: the registry's model for `clm`; other objectives wrap or pair stacks."""
+    return _module(trial.objective).build(trial, vocab_size)
+
+
+def passes(trial: Any) -> tuple[float, float]:
+    """(forward passes over all parameters, stacks of token mixing) per token, relative to one causal pass."""
+    if trial.objective == "multi_token":
+        n = trial.objective_settings().n_tokens
+        return float(n), float(n)
+    if trial.objective in ("bidirectional", "autoencoder"):
+        return 1.0, 2.0  # two stacks, each run once: parameters already count both
+    return 1.0, 1.0
+
+
+def causal_lm_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Next-token cross-entropy: logits (B, T, V) at t predict labels (B, T) at t + 1."""
+    return aligned_loss(logits[:, :-1], labels[:, 1:])
+
+
+def aligned_loss(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """Cross-entropy of logits (B, T, V) against targets (B, T) at the same positions, -100 ignored: (sum, count)."""
+    import torch.nn.functional as F
+
+    total = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                            ignore_index=IGNORE_INDEX, reduction="sum")
+    return total, (targets != IGNORE_INDEX).sum()
+
+
+def next_token_loss(model: nn.Module, input_ids: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """The causal LM objective on a batch: (loss sum, token count)."""
+    return causal_lm_loss(model(input_ids), labels)
+
+
+def stacks(trial: Any, vocab_size: int) -> tuple[nn.Module, nn.Module]:
+    """Two models of the trial's architecture; the second without embedding and head (it uses the first's)."""
+    from ablate import models
+
+    first = models.build(trial, vocab_size)
+    second = models.build(trial, vocab_size)
+    second.strip_ends()
+    return first, second
