@@ -378,6 +378,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("retrieval")
+def cmd_retrieval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ablate.retrieval import run_stage
+
+    table, files = run_stage(args.sweep, args.db, Path(args.out) if args.out else None, steps=args.steps,
+                             candidates=args.candidates or None, progress=not args.quiet)
+    console.print(files[0].read_text())
+    console.print(f"{len(table)} cells recorded (metrics split 'retrieval', step = c); written to "
+                  + ", ".join(str(f) for f in files))
+    return 0
+
+
 @command("deploy")
 def cmd_deploy(args: argparse.Namespace) -> int:
     """Register Prefect deployments on the server at PREFECT_API_URL."""
@@ -466,6 +480,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top-k", type=int, default=0, help="0: greedy")
     s.add_argument("--temperature", type=float, default=1.0)
     s.add_argument("--seed", type=int, default=0)
+
+    s = sub.add_parser("retrieval", parents=[common],
+                       help="a sweep's retrieval stage: embed pairs with each completed run, train retrieval models")
+    s.add_argument("sweep", help="sweep name (its spec has a `retrieval:` block)")
+    s.add_argument("--candidates", type=int, nargs="+", default=[], help="override the spec's candidate counts")
+    s.add_argument("--steps", type=int, default=None, help="override the spec's retrieval training steps")
+    s.add_argument("--out", default=None, help="output folder (default results/reports/SWEEP)")
+    s.add_argument("--quiet", action="store_true", help="no progress output")
 
     s = sub.add_parser("deploy", parents=[common], help="register Prefect deployments sweep/<name> and trial/<hardware>")
     s.add_argument("--sweeps", default="sweeps", help="folder of sweep files")

@@ -412,6 +412,47 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+class PairsRef(Frozen):
+    """A (summary, text) pairs dataset for retrieval: hub id or local file/folder, or `ablate:tinystories-pairs`."""
+
+    source: str = Field(min_length=1)
+    summary_field: str = "summary"
+    text_field: str = "text"
+    split: str = "train"
+    limit: int | None = Field(None, gt=0)
+
+
+class RetrievalReference(Frozen):
+    match: dict[str, Any] = Field(default_factory=dict)
+    candidates: int = Field(gt=1)
+    eval: float
+
+
+class RetrievalPlan(Frozen):
+    """The retrieval stage after training: embed pairs with each completed run, train a retrieval model per c."""
+
+    pairs: PairsRef
+    candidates: tuple[int, ...] = Field((32, 128), min_length=1)
+    index: int = Field(-2, description="token whose last hidden state embeds a text: -2 second-to-last, -1 last")
+    steps: int = Field(1000, gt=0, description="retrieval-model training steps per run and c")
+    lr: float = Field(1e-3, gt=0, le=1)
+    reference: list[RetrievalReference] = Field(default_factory=list)
+
+    @field_validator("candidates")
+    @classmethod
+    def _more_than_one(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(c < 2 for c in v):
+            raise ValueError(f"candidates are counts of texts to choose among, each >= 2 (got {list(v)})")
+        return v
+
+    @field_validator("index")
+    @classmethod
+    def _negative(cls, v: int) -> int:
+        if v >= 0:
+            raise ValueError(f"index counts from the end of each text: -1 (last token) or -2 (second to last), got {v}")
+        return v
+
+
 class SweepSpec(Frozen):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
     description: str = ""
@@ -424,9 +465,13 @@ class SweepSpec(Frozen):
     search: SearchBlock | None = None
     report: ReportBlock = ReportBlock()
     reference: list[Reference] = Field(default_factory=list)
+    retrieval: RetrievalPlan | None = None
 
     def fingerprint(self) -> str:
-        return fingerprint(self.model_dump(mode="json"))
+        data = self.model_dump(mode="json")
+        if data["retrieval"] is None:  # sweeps without a retrieval stage keep their identity
+            del data["retrieval"]
+        return fingerprint(data)
 
 
 # ---------------------------------------------------------------- loading & expansion
@@ -501,6 +546,9 @@ def parse_spec(data: Any, source: str = "<spec>", base_dir: Path | None = None) 
     data = dict(data)
     if base_dir is not None and isinstance(data.get("dataset"), dict):
         data["dataset"] = _resolve_local(data["dataset"], base_dir)
+    retrieval = data.get("retrieval")
+    if base_dir is not None and isinstance(retrieval, dict) and isinstance(retrieval.get("pairs"), dict):
+        data["retrieval"] = {**retrieval, "pairs": _resolve_local(retrieval["pairs"], base_dir)}
     try:
         spec = SweepSpec.model_validate(data)
     except ValidationError as exc:

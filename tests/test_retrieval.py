@@ -1,0 +1,234 @@
+"""Summary -> text retrieval: pairs, embeddings at the true last tokens, the retrieval mixer, InfoNCE, the study."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from ablate import db, models
+from ablate import retrieval as R
+from ablate.data import SEPARATOR, get_tokenizer
+from ablate.errors import AblateError
+from ablate.spec import TrialConfig
+from ablate.train import Settings, train
+
+SAMPLE = Path(R.__file__).parent / "corpora" / "tinystories-valid-head.txt"
+
+
+def make_trial(**over) -> TrialConfig:
+    base = {
+        "architecture": "mixer", "d_model": 32, "layers": 2, "context": 64, "lr": 3e-3, "batch_size": 8,
+        "precision": "fp32", "dataset": {"source": "ablate:tinystories-sample", "eval": {"holdout": 16}},
+        "tokenizer": {"vocab_size": 384}, "budget": {"steps": 150}, "eval": {"at": [0.5]}, "warmup": 0.1,
+    }
+    base.update(over)
+    return TrialConfig(**base)
+
+
+# ---------------------------------------------------------------- pairs
+
+
+def test_pairs_from_stories_split_each_story_after_its_first_sentence():
+    stories = [s.strip() for s in SAMPLE.read_text().split(SEPARATOR) if s.strip()]
+    pairs = R.pairs_from_stories()
+    assert len(pairs) > 100 and pairs.column_names == ["summary", "text"]
+    for summary, text in zip(pairs["summary"], pairs["text"], strict=True):
+        assert summary[-1] in ".!?\"”'" and summary not in text
+        assert any(s.startswith(summary) and s[len(summary):].strip() == text for s in stories)
+    assert pairs[0]["summary"] == "Once upon a time, in a big forest, there lived a rhinoceros named Roxy."
+    assert pairs[0]["text"].startswith("Roxy loved to climb.")
+    assert len(R.pairs_from_stories(SAMPLE)) == len(R.pairs_from_stories(SAMPLE.read_text())) == len(pairs)
+
+
+def test_load_pairs_from_jsonl_renames_columns_and_names_a_missing_one(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    rows = [{"abstract": f"summary {i}", "passage": f"text {i}", "id": i} for i in range(5)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pairs = R.load_pairs(path, summary_column="abstract", text_column="passage")
+    assert pairs.column_names == ["summary", "text"] and pairs[3] == {"summary": "summary 3", "text": "text 3"}
+    with pytest.raises(AblateError, match=r"no column 'summary'.*abstract, passage, id"):
+        R.load_pairs(path)
+    with pytest.raises(AblateError, match="no such file"):
+        R.load_pairs(tmp_path / "missing.jsonl")
+
+
+def test_load_pairs_from_the_hub_offline_says_what_to_do():
+    with pytest.raises(AblateError, match="local path"):  # conftest sets HF_HUB_OFFLINE=1
+        R.load_pairs("someone/fineweb-summary-pairs")
+
+
+# ---------------------------------------------------------------- embeddings
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    trial = make_trial()
+    return get_tokenizer(trial.tokenizer, trial.dataset, tmp_path_factory.mktemp("art"), progress=False)
+
+
+@pytest.mark.parametrize("arch,extra", [("mixer", {}), ("llama", {"heads": 4})])
+@pytest.mark.parametrize("index", [-2, -1])
+def test_embedding_is_taken_at_the_true_length_and_padding_does_not_change_it(tokenizer, arch, extra, index):
+    trial = make_trial(architecture=arch, **extra)
+    torch.manual_seed(0)
+    model = models.build(trial, len(tokenizer)).eval()
+    short, long = "Tom saw a cat.", "Once upon a time, there was a little girl named Lily. She liked to play outside."
+    alone = R.embed_texts(model, tokenizer, [short], trial.context, index=index, progress=False)
+    batched = R.embed_texts(model, tokenizer, [short, long], trial.context, index=index, batch_size=2, progress=False)
+    torch.testing.assert_close(batched[0], alone[0], atol=1e-5, rtol=1e-5)
+    # the reference: the unpadded row (text tokens + eos, as the trainer packs documents) at its own -2 / -1
+    ids = tokenizer(short, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    with torch.no_grad():
+        expected = model.hidden_states(torch.tensor([ids]))[0, len(ids) + index]
+    torch.testing.assert_close(alone[0], expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(batched[1], batched[0])  # and the order of the batch is kept
+
+
+def test_embedding_truncates_to_the_context(tokenizer):
+    trial = make_trial(context=16)
+    model = models.build(trial, len(tokenizer)).eval()
+    emb = R.embed_texts(model, tokenizer, [SAMPLE.read_text()[:2000]], trial.context, progress=False)
+    ids = tokenizer(SAMPLE.read_text()[:2000], add_special_tokens=False)["input_ids"][:16]
+    with torch.no_grad():
+        torch.testing.assert_close(emb[0], model.hidden_states(torch.tensor([ids]))[0, -2], atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- InfoNCE and the retrieval mixer
+
+
+def test_info_nce_matches_a_hand_computation_and_prefers_a_closer_match():
+    gen = torch.Generator().manual_seed(0)
+    q, d, negs = torch.randn(3, 8, generator=gen), torch.randn(3, 8, generator=gen), torch.randn(3, 5, 8, generator=gen)
+    loss = R.info_nce_loss(q, d, negs)
+    assert loss.shape == (3,)
+    for b in range(3):
+        def cos(u, v):
+            return float(u @ v) / (float(u.norm()) * float(v.norm()))
+        pos = math.exp(cos(q[b], d[b]))
+        rest = sum(math.exp(cos(q[b], n)) for n in negs[b])
+        assert float(loss[b]) == pytest.approx(-math.log(pos / (pos + rest)), rel=1e-5)
+    closer = R.info_nce_loss(q, q + 0.1 * d, negs)
+    assert (closer < loss).all()
+
+
+def test_candidates_hold_the_match_once_at_the_labelled_position():
+    gen = torch.Generator().manual_seed(0)
+    pool = torch.arange(0, 60, 3)  # sorted, as the held-out / train split gives it
+    queries = pool[torch.randint(0, len(pool), (50,), generator=gen)]
+    cands, where = R.sample_candidates(queries, pool, 8, gen)
+    assert cands.shape == (50, 8) and torch.isin(cands, pool).all()
+    assert (cands[torch.arange(50), where] == queries).all()
+    assert ((cands == queries[:, None]).sum(1) == 1).all()
+    assert all(len(set(row.tolist())) == 8 for row in cands)
+    assert len(set(where.tolist())) > 4  # the match moves around
+
+
+def test_retrieval_mixer_learns_a_planted_match_and_is_deterministic():
+    """Texts are a fixed random linear map of their summaries plus noise: learnable, not by cosine."""
+    gen = torch.Generator().manual_seed(1)
+    summaries = torch.randn(221, 32, generator=gen)
+    texts = summaries @ torch.randn(32, 32, generator=gen) / 32**0.5 + 0.5 * torch.randn(221, 32, generator=gen)
+    out = R.train_retrieval(summaries, texts, candidates=8, steps=400, lr=3e-3, seed=0, batch_size=32, d_model=64)
+    assert out["chance_loss"] == pytest.approx(math.log(8))
+    assert out["eval_loss"] < math.log(8) - 0.3 and out["accuracy"] > 2 / 8, out
+    assert (out["train_pairs"], out["eval_pairs"]) == (177, 44)
+    again = R.train_retrieval(summaries, texts, candidates=8, steps=20, lr=3e-3, seed=3, batch_size=32, d_model=64)
+    twice = R.train_retrieval(summaries, texts, candidates=8, steps=20, lr=3e-3, seed=3, batch_size=32, d_model=64)
+    assert {k: v for k, v in again.items() if k != "seconds"} == {k: v for k, v in twice.items() if k != "seconds"}
+
+
+def test_too_few_pairs_for_the_candidates_is_an_error():
+    with pytest.raises(AblateError, match="candidates=32"):
+        R.train_retrieval(torch.randn(50, 4), torch.randn(50, 4), candidates=32, steps=1)
+
+
+# ---------------------------------------------------------------- end to end on a trained run
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A tiny mixer trained 150 steps on the TinyStories sample, recorded as a run of a SQLite results DB."""
+    from ablate.spec import parse_spec
+
+    tmp = tmp_path_factory.mktemp("run")
+    url = f"sqlite:///{tmp / 'ablate.db'}"
+    trial = make_trial()
+    spec = parse_spec({"name": "retrieval", "dataset": trial.dataset.model_dump(),
+                       "budget": trial.budget.model_dump(exclude_none=True),
+                       "grid": [{"architecture": trial.architecture, "d_model": trial.d_model}],
+                       "defaults": {"layers": 1, "context": 8, "lr": 1e-3, "batch_size": 1},
+                       "retrieval": {"pairs": {"source": "ablate:tinystories-pairs"}, "candidates": [4, 8],
+                                     "steps": 60, "reference": [{"match": {"architecture": "mixer"},
+                                                                 "candidates": 8, "eval": 0.42}]}})
+    engine = db.connect(url)
+    _, (run_id,) = db.register_sweep(engine, spec, [trial])
+    engine.dispose()
+    out = train(trial, Settings(artifacts=tmp / "art", db_url=url, run_id=run_id, progress=False))
+    assert out["status"] == "completed"
+    return url, run_id, trial
+
+
+@pytest.mark.slow
+def test_retrieval_study_on_a_trained_run(trained_run):
+    url, run_id, trial = trained_run
+    pairs = R.pairs_from_stories()
+    table = R.retrieval_study([run_id], url, pairs, candidates=[8], steps=300, lr=1e-3, progress=False)
+    assert list(table[["run_id", "architecture", "d_model", "c"]].iloc[0]) == [run_id, "mixer", 32, 8]
+    row = table.iloc[0]
+    assert math.isfinite(row.eval_loss) and 0.0 <= row.accuracy <= 1.0 and row.chance_loss == pytest.approx(math.log(8))
+    # the run folder works as well as the checkpoint file
+    checkpoint = Path(db.get_run(db.connect(url), run_id).checkpoint_path)
+    model = R.load_run_model(checkpoint.parent, trial)
+    assert not model.training and R.load_run_tokenizer(checkpoint, trial).eos_token_id is not None
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "the studies' claim does not reach this scale: 221 stories (177 train pairs) and CLM models with eval loss "
+    ">= 3.5 nats give second-to-last-token states with no usable match signal (z-scored cosine top-1 0.11-0.15 "
+    "vs chance 0.125, for d_model 32-128, 150-1500 steps, index -2/-1, mixer and llama); the retrieval model "
+    "stays at log 8 or memorises the train pairs (train 0.36-0.8, held-out 2.5-4.7)."))
+def test_trained_mixer_embeddings_beat_chance_at_retrieval(trained_run):
+    url, run_id, trial = trained_run
+    checkpoint = db.get_run(db.connect(url), run_id).checkpoint_path
+    model, tokenizer = R.load_run_model(checkpoint, trial), R.load_run_tokenizer(checkpoint, trial)
+    pairs = R.pairs_from_stories()
+    summaries = R.embed_texts(model, tokenizer, pairs["summary"], trial.context, progress=False)
+    texts = R.embed_texts(model, tokenizer, pairs["text"], trial.context, progress=False)
+    out = R.train_retrieval(summaries, texts, candidates=8, steps=600, lr=1e-3, seed=0, batch_size=32, d_model=64)
+    assert out["eval_loss"] < math.log(8) - 0.3 and out["accuracy"] > 2 / 8, out
+
+
+@pytest.mark.slow
+def test_the_retrieval_stage_of_a_sweep_records_every_cell_and_writes_its_table(trained_run, tmp_path, capsys):
+    from ablate.cli import main
+
+    url, run_id, _ = trained_run
+    for _ in range(2):  # a second stage replaces the first's cells
+        assert main(["retrieval", "retrieval", "--db", url, "--out", str(tmp_path), "--quiet"]) == 0
+    with db.connect(url).connect() as conn:
+        import sqlalchemy as sa
+
+        cells = conn.execute(sa.select(db.Metric.step, db.Metric.loss).where(
+            db.Metric.run_id == run_id, db.Metric.split == "retrieval").order_by(db.Metric.step)).all()
+    assert [c.step for c in cells] == [4, 8] and all(math.isfinite(c.loss) for c in cells)
+    table = (tmp_path / "retrieval.md").read_text()
+    assert "| c=4 | c=8 |" in table and "(0.42)" in table and f"| {run_id} | mixer d=32 n=2 |" in table
+    assert (tmp_path / "retrieval.csv").exists() and "cells recorded" in capsys.readouterr().out
+
+
+def test_the_retrieval_stage_needs_a_known_sweep_with_a_retrieval_block(sqlite_url):
+    from ablate.spec import parse_spec
+
+    spec = parse_spec({"name": "plain", "dataset": {"source": "ablate:tinystories-sample"}, "budget": {"steps": 5},
+                       "grid": [{"architecture": "mixer", "d_model": 32}],
+                       "defaults": {"layers": 1, "context": 8, "lr": 1e-3, "batch_size": 1}})
+    db.register_sweep(db.connect(sqlite_url), spec, [])
+    with pytest.raises(AblateError, match="did you mean 'plain'"):
+        R.run_stage("plane", sqlite_url)
+    with pytest.raises(AblateError, match="no `retrieval:` block"):
+        R.run_stage("plain", sqlite_url)
