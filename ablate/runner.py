@@ -55,7 +55,8 @@ def trainer_command(trial: TrialConfig, run_id: int, opts: RunOptions) -> list[s
     return [sys.executable, *args]
 
 
-def _pid_alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process with this id runs on this machine (a zombie counts until it is reaped)."""
     if not pid:
         return False
     try:
@@ -146,7 +147,7 @@ def runs_to_do(engine: sa.Engine, sweep_id: int, run_ids: list[int], retry_faile
         r = by_id[rid]
         if r.status in db.FINISHED:
             continue
-        if r.status == "running" and r.host is not None and (r.host != here or _pid_alive(r.pid)):
+        if r.status == "running" and r.host is not None and (r.host != here or pid_alive(r.pid)):
             continue  # another live process (here, or on another worker) has it
         if r.status == "cancelled" and not retry_failed:
             continue
@@ -184,11 +185,11 @@ def cancel(engine: sa.Engine, name: str) -> tuple[int, int]:
         if run.status == "pending" or run.status == "preempted" or run.status == "failed":
             db.update_run(engine, run.id, status="cancelled")
             pending += 1
-        elif run.status == "running" and run.host == here and _pid_alive(run.pid):
+        elif run.status == "running" and run.host == here and pid_alive(run.pid):
             os.killpg(run.pid, signal.SIGTERM)
             signalled += 1
             deadline = time.monotonic() + 60
-            while _pid_alive(run.pid) and time.monotonic() < deadline:
+            while pid_alive(run.pid) and time.monotonic() < deadline:
                 time.sleep(0.2)
             db.update_run(engine, run.id, status="cancelled", pid=None)
     return pending, signalled

@@ -386,21 +386,10 @@ class _EvalFollower:
         return False
 
 
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _is_live(run: db.Run) -> bool:
     """A running row with a trainer behind it: alive here, or on another machine (which cannot be checked from here)."""
-    return run.status == "running" and run.host is not None and (run.host != socket.gethostname() or _pid_alive(run.pid))
+    here = socket.gethostname()
+    return run.status == "running" and run.host is not None and (run.host != here or runner.pid_alive(run.pid))
 
 
 def _register(engine: sa.Engine, spec: SweepSpec, config: TrialConfig, spec_path: str | None) -> int:
@@ -468,10 +457,10 @@ def _follow(engine: sa.Engine, run_id: int, follower: _EvalFollower, poll_second
     """Wait for a run another process is training, reporting its evals; a prune stops it if it trains on this host."""
     while _is_live(run := db.get_run(engine, run_id)):
         if follower.should_stop():
-            if follower.pruned and run.host == socket.gethostname() and _pid_alive(run.pid):
+            if follower.pruned and run.host == socket.gethostname() and runner.pid_alive(run.pid):
                 os.killpg(run.pid, signal.SIGTERM)  # the trainer checkpoints and records `preempted`
                 deadline = time.monotonic() + 120
-                while _pid_alive(run.pid) and time.monotonic() < deadline:
+                while runner.pid_alive(run.pid) and time.monotonic() < deadline:
                     time.sleep(0.2)
                 if db.get_run(engine, run_id).status == "preempted":
                     db.update_run(engine, run_id, status="pruned", finished_at=db.utcnow())
