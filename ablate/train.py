@@ -88,6 +88,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     flops_per_token = param_passes * bud.train_flops_per_token(
         params - embedding, mixing_stacks / param_passes * fam.mixing_flops_per_token(trial))
     loss_fn = objectives.loss_function(trial)
+    count_targets = objectives.target_counter(trial)
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -142,14 +143,16 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
         """Forward/backward over the accumulation micro-batches and one optimizer step.
 
         Returns (loss sum, token count) on device (no host sync), global samples, and this step's
-        real tokens counted on the host from the labels before they move to the device.
+        real tokens counted on the host from the labels before they move to the device. The loss is
+        divided by the objective's target count over the whole step, also counted on the host.
         """
         for group in optimizer.param_groups:
             group["lr"] = lr
         t0 = time.perf_counter()
         micro = [batches.take(progress.samples + k * progress.micro_batch * dist_.world, progress.micro_batch)
                  for k in range(progress.grad_accum)]
-        host_tokens = sum(int((labels[:, 1:] != -100).sum()) for _, labels in micro)
+        host_tokens = sum(objectives.count_next_tokens(labels) for _, labels in micro)
+        host_targets = max(sum(count_targets(labels) for _, labels in micro), 1)
         micro = [(ids.to(device, non_blocking=True), labels.to(device, non_blocking=True)) for ids, labels in micro]
         clock.meters["data"] += time.perf_counter() - t0
         loss_sum = torch.zeros((), device=device)
@@ -159,7 +162,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
             ctx = wrapped.no_sync() if (dist_.world > 1 and not is_last and hasattr(wrapped, "no_sync")) else _null()
             with ctx, _autocast(device, trial.precision):
                 s, c = loss_fn(wrapped, ids, labels)
-            loss = s / max(host_tokens, 1)  # token-weighted over the whole step, not a mean of micro-batch means
+            loss = s / host_targets  # token-weighted over the whole step, not a mean of micro-batch means
             (scaler.scale(loss) if scaler is not None else loss).backward()
             loss_sum += s.detach().float()
             count += c.detach().float()

@@ -206,3 +206,17 @@ def test_objective_options_change_the_fingerprint_and_empty_ones_do_not():
     plain = trial("mixer", "multi_token")
     assert plain.fingerprint() == trial("mixer", "multi_token", objective_options={}).fingerprint()
     assert plain.fingerprint() != trial("mixer", "multi_token", objective_options={"n_tokens": 3}).fingerprint()
+
+
+@pytest.mark.parametrize("arch,objective", CASES)
+def test_the_host_target_count_is_the_count_the_loss_returns(arch, objective):
+    # the trainer divides a step's loss by this count before any forward pass: it must be the loss's own
+    t = trial(arch, objective, objective_options={"n_tokens": 3} if objective == "multi_token" else {})
+    model = model_of(t)
+    x = ids(batch=3)
+    labels = x.clone()
+    labels[0, T - 4:] = -100  # a padded row
+    labels[2, T // 2 + 1:] = -100
+    with torch.no_grad():
+        _, count = objectives.loss_function(t)(model, x, labels)
+    assert objectives.target_counter(t)(labels) == int(count)

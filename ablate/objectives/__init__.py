@@ -4,7 +4,8 @@ Losses are returned as (sum over counted tokens, number of counted tokens) so th
 token-weighted means across batches, micro-batches and ranks (the studies averaged per-batch means).
 
 Each objective module (one file each) exposes `build(trial, vocab_size) -> nn.Module` (forward maps
-input_ids (B, T) to logits (B, T, V)) and `loss(trial) -> LossFn`; `clm` is the registry's model with
+input_ids (B, T) to logits (B, T, V)), `loss(trial) -> LossFn` and `count(trial)` (labels -> the
+number of targets that loss counts, on the host); `clm` is the registry's model with
 next-token cross-entropy. Which architectures an objective supports is declared in
 spec.OBJECTIVE_ARCHITECTURES, so that a spec is refused before anything trains.
 """
@@ -39,13 +40,25 @@ def _module(objective: str):
 
 
 def loss_function(trial: Any) -> LossFn:
-    """The trainer's loss for a trial: (model, input_ids, labels) -> (loss sum, token count).
-
-    Accepts an objective name too (its options at their defaults).
-    """
-    if isinstance(trial, str):
-        return _module(trial).loss(None)
+    """The trainer's loss for a trial: (model, input_ids, labels) -> (loss sum, token count)."""
     return _module(trial.objective).loss(trial)
+
+
+def target_counter(trial: Any) -> Callable[[Tensor], int]:
+    """labels (B, T) on the host -> how many targets the trial's loss counts in them.
+
+    The same number the loss returns as its count, known before the forward pass without a device
+    sync, so that a step's micro-batches are weighted by tokens over the whole step.
+    """
+    return _module(trial.objective).count(trial)
+
+
+def count_next_tokens(labels: Tensor) -> int:
+    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+
+
+def count_aligned(labels: Tensor) -> int:
+    return int((labels != IGNORE_INDEX).sum())
 
 
 def model_for(trial: Any, vocab_size: int) -> nn.Module:

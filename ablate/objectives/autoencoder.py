@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ablate.objectives import LossFn, aligned_loss, stacks
+from ablate.objectives import LossFn, aligned_loss, count_aligned, stacks
 
 
 class Autoencoder(nn.Module):
@@ -42,3 +42,7 @@ def reconstruction_loss(model: nn.Module, input_ids: Tensor, labels: Tensor) -> 
 
 def loss(trial: Any) -> LossFn:
     return reconstruction_loss
+
+
+def count(trial: Any):
+    return count_aligned

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ablate.objectives import LossFn, aligned_loss, stacks
+from ablate.objectives import LossFn, aligned_loss, count_aligned, stacks
 
 
 class Bidirectional(nn.Module):
@@ -43,3 +43,7 @@ def bidirectional_loss(model: nn.Module, input_ids: Tensor, labels: Tensor) -> t
 
 def loss(trial: Any) -> LossFn:
     return bidirectional_loss
+
+
+def count(trial: Any):
+    return count_aligned

@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from ablate.objectives import LossFn, next_token_loss
+from ablate.objectives import LossFn, count_next_tokens, next_token_loss
 
 
 def build(trial: Any, vocab_size: int) -> nn.Module:
@@ -17,3 +17,7 @@ def build(trial: Any, vocab_size: int) -> nn.Module:
 
 def loss(trial: Any) -> LossFn:
     return next_token_loss
+
+
+def count(trial: Any):
+    return count_next_tokens

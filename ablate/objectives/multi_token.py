@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ablate.objectives import LossFn, aligned_loss, next_token_loss
+from ablate.objectives import IGNORE_INDEX, LossFn, aligned_loss, count_next_tokens, next_token_loss
 
 
 def build(trial: Any, vocab_size: int) -> nn.Module:
@@ -22,7 +22,7 @@ def build(trial: Any, vocab_size: int) -> nn.Module:
 
 
 def loss(trial: Any) -> LossFn:
-    n = trial.objective_settings().n_tokens if trial is not None else 2
+    n = trial.objective_settings().n_tokens
 
     def multi_token_loss(model: nn.Module, input_ids: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         if input_ids.shape[1] <= n:
@@ -36,3 +36,14 @@ def loss(trial: Any) -> LossFn:
         return total, count
 
     return multi_token_loss
+
+
+def count(trial: Any):
+    n = trial.objective_settings().n_tokens
+
+    def targets(labels: Tensor) -> int:
+        if labels.shape[1] <= n:
+            return count_next_tokens(labels)
+        return sum(int((labels[:, 1 + i:] != IGNORE_INDEX).sum()) for i in range(n))
+
+    return targets

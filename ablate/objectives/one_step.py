@@ -15,6 +15,11 @@ from torch import Tensor, nn
 from ablate.objectives import IGNORE_INDEX, LossFn, causal_lm_loss
 
 
+def given_length(split: float, length: int) -> int:
+    """How many leading positions of a window of `length` are given (at least one is, and one is predicted)."""
+    return max(1, min(length - 1, round(split * length)))
+
+
 class OneStep(nn.Module):
     def __init__(self, trial: Any, vocab_size: int):
         super().__init__()
@@ -28,7 +33,7 @@ class OneStep(nn.Module):
 
     def given(self, length: int) -> int:
         """How many leading positions are given (the rest is predicted)."""
-        return max(1, min(length - 1, round(self.split * length)))
+        return given_length(self.split, length)
 
     def _mask_prediction_half(self, module: nn.Module, args: Any, output: Any) -> Any:
         hidden = output[0] if isinstance(output, tuple) else output
@@ -53,3 +58,12 @@ def completion_loss(model: nn.Module, input_ids: Tensor, labels: Tensor) -> tupl
 
 def loss(trial: Any) -> LossFn:
     return completion_loss
+
+
+def count(trial: Any):
+    split = trial.objective_settings().split
+
+    def targets(labels: Tensor) -> int:
+        return int((labels[:, given_length(split, labels.shape[1]):] != IGNORE_INDEX).sum())
+
+    return targets
