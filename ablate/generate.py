@@ -18,20 +18,47 @@ from ablate.spec import TrialConfig
 
 def load_run_model(run_id: int, url: str | None = None):
     """(trial, model in eval mode, tokenizer) from a run's final checkpoint."""
-    from transformers import PreTrainedTokenizerFast
-
     run = db.get_run(db.connect(url), run_id)
     trial = TrialConfig.model_validate(run.config)
     path = Path(run.checkpoint_path) if run.checkpoint_path else None
     if path is None or not path.exists():
         raise AblateError(f"run {run_id} ({run.status}) has no checkpoint at {path}; generate needs a trained run "
                           "whose artifacts folder is reachable from here")
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(path.parent / "tokenizer" / "tokenizer.json"),
-                                        unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>")
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    model = objectives.model_for(trial, len(tokenizer))
+    tokenizer = load_checkpoint_tokenizer(path, trial)
+    return trial, load_checkpoint_model(path, trial, len(tokenizer)), tokenizer
+
+
+def checkpoint_file(path: str | Path) -> Path:
+    """A run's checkpoint.pt, given the file or its run folder."""
+    path = Path(path).expanduser()
+    file = path / "checkpoint.pt" if path.is_dir() else path
+    if not file.exists():
+        raise AblateError(f"no checkpoint at {file}; give a run's checkpoint.pt (runs.checkpoint_path) or its run "
+                          "folder, for a trained run whose artifacts folder is reachable from here")
+    return file
+
+
+def load_checkpoint_tokenizer(path: str | Path, trial: TrialConfig):
+    """The tokenizer the trainer saved beside a run's checkpoint (`Prepared.save_tokenizer`)."""
+    from ablate import data
+
+    folder = checkpoint_file(path).parent / "tokenizer"
+    if not folder.exists():
+        raise AblateError(f"no tokenizer folder beside the checkpoint ({folder}); the run did not finish")
+    if trial.tokenizer.name is None:
+        return data._wrap(folder / "tokenizer.json")  # ablate's trained BPE, with its special tokens
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def load_checkpoint_model(path: str | Path, trial: TrialConfig, vocab_size: int | None = None) -> torch.nn.Module:
+    """A run's model in eval mode on the CPU from its checkpoint (a checkpoint.pt or the run folder)."""
+    state = torch.load(checkpoint_file(path), map_location="cpu", weights_only=False)
+    vocab_size = vocab_size or len(load_checkpoint_tokenizer(path, trial))  # as train.py: prepared.vocab_size
+    model = objectives.model_for(trial, vocab_size)
     model.load_state_dict(state["model"])
-    return trial, model.eval(), tokenizer
+    return model.eval()
 
 
 @torch.no_grad()

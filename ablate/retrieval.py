@@ -24,9 +24,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ablate import data as data_mod
-from ablate import db, objectives
+from ablate import db
 from ablate.budget import lr_at
 from ablate.errors import AblateError, did_you_mean
+from ablate.generate import load_checkpoint_model, load_checkpoint_tokenizer
 from ablate.spec import TrialConfig
 
 PAIR_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -106,37 +107,6 @@ def _columns(pairs: Any) -> tuple[list[str], list[str]]:
 
 
 # ---------------------------------------------------------------- embeddings
-
-
-def _checkpoint_file(path: str | Path) -> Path:
-    path = Path(path).expanduser()
-    file = path / "checkpoint.pt" if path.is_dir() else path
-    if not file.exists():
-        raise AblateError(f"no checkpoint at {file}; give a run's checkpoint.pt (runs.checkpoint_path) or its run "
-                          "folder, for a trained run whose artifacts folder is reachable from here")
-    return file
-
-
-def load_run_tokenizer(path: str | Path, trial: TrialConfig):
-    """The tokenizer the trainer saved beside a run's checkpoint (`Prepared.save_tokenizer`)."""
-    folder = _checkpoint_file(path).parent / "tokenizer"
-    if not folder.exists():
-        raise AblateError(f"no tokenizer folder beside the checkpoint ({folder}); the run did not finish")
-    if trial.tokenizer.name is None:
-        return data_mod._wrap(folder / "tokenizer.json")  # ablate's trained BPE, with its special tokens
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(folder))
-
-
-def load_run_model(path: str | Path, trial: TrialConfig) -> nn.Module:
-    """A run's model in eval mode on the CPU from its checkpoint (a checkpoint.pt or the run folder)."""
-    state = torch.load(_checkpoint_file(path), map_location="cpu", weights_only=False)
-    model = objectives.model_for(trial, len(load_run_tokenizer(path, trial)))  # as train.py: prepared.vocab_size
-    model.load_state_dict(state["model"])
-    if not hasattr(model, "hidden_states"):
-        raise AblateError(f"the {trial.architecture}/{trial.objective} model has no hidden_states(); cannot embed")
-    return model.eval()
 
 
 def _positions(lengths: Tensor, index: int) -> Tensor:
@@ -332,26 +302,26 @@ def retrieval_study(run_ids: Sequence[int], db_url: str | None, pairs: Any, cand
     import pandas as pd
 
     summaries, texts = _columns(pairs)
-    engine = db.connect(db_url)
+    engine = db.connect(db_url)  # the process-wide engine for this URL: not ours to dispose
     rows = []
-    try:
-        for run_id in run_ids:
-            run = db.get_run(engine, run_id)
-            trial = TrialConfig.model_validate(run.config)
-            if not run.checkpoint_path:
-                raise AblateError(f"run {run_id} ({run.status}) has no checkpoint; retrieval needs a trained run")
-            model = load_run_model(run.checkpoint_path, trial)
-            tokenizer = load_run_tokenizer(run.checkpoint_path, trial)
-            summary_emb = embed_texts(model, tokenizer, summaries, trial.context, index, progress=progress)
-            text_emb = embed_texts(model, tokenizer, texts, trial.context, index, progress=progress)
-            for c in candidates:
-                out = train_retrieval(summary_emb, text_emb, c, steps, seconds, lr, seed, progress=progress)
-                rows.append({"run_id": run_id, "architecture": trial.architecture, "d_model": trial.d_model,
-                             "layers": trial.layers, "heads": trial.heads, "c": c, "eval_loss": out["eval_loss"],
-                             "accuracy": out["accuracy"], "chance_loss": out["chance_loss"],
-                             "train_loss": out["train_loss"]})
-    finally:
-        engine.dispose()
+    for run_id in run_ids:
+        run = db.get_run(engine, run_id)
+        trial = TrialConfig.model_validate(run.config)
+        if not run.checkpoint_path:
+            raise AblateError(f"run {run_id} ({run.status}) has no checkpoint; retrieval needs a trained run")
+        tokenizer = load_checkpoint_tokenizer(run.checkpoint_path, trial)
+        model = load_checkpoint_model(run.checkpoint_path, trial, len(tokenizer))
+        if not hasattr(model, "hidden_states"):
+            raise AblateError(f"the {trial.architecture}/{trial.objective} model has no hidden_states(); "
+                              "retrieval embeds with causal-LM runs")
+        summary_emb = embed_texts(model, tokenizer, summaries, trial.context, index, progress=progress)
+        text_emb = embed_texts(model, tokenizer, texts, trial.context, index, progress=progress)
+        for c in candidates:
+            out = train_retrieval(summary_emb, text_emb, c, steps, seconds, lr, seed, progress=progress)
+            rows.append({"run_id": run_id, "architecture": trial.architecture, "d_model": trial.d_model,
+                         "layers": trial.layers, "heads": trial.heads, "c": c, "eval_loss": out["eval_loss"],
+                         "accuracy": out["accuracy"], "chance_loss": out["chance_loss"],
+                         "train_loss": out["train_loss"]})
     return pd.DataFrame(rows)
 
 

@@ -13,6 +13,7 @@ from ablate import db, models
 from ablate import retrieval as R
 from ablate.data import SEPARATOR, get_tokenizer
 from ablate.errors import AblateError
+from ablate.generate import load_checkpoint_model, load_checkpoint_tokenizer
 from ablate.spec import TrialConfig
 from ablate.train import Settings, train
 
@@ -182,8 +183,8 @@ def test_retrieval_study_on_a_trained_run(trained_run):
     assert math.isfinite(row.eval_loss) and 0.0 <= row.accuracy <= 1.0 and row.chance_loss == pytest.approx(math.log(8))
     # the run folder works as well as the checkpoint file
     checkpoint = Path(db.get_run(db.connect(url), run_id).checkpoint_path)
-    model = R.load_run_model(checkpoint.parent, trial)
-    assert not model.training and R.load_run_tokenizer(checkpoint, trial).eos_token_id is not None
+    model = load_checkpoint_model(checkpoint.parent, trial)
+    assert not model.training and load_checkpoint_tokenizer(checkpoint, trial).eos_token_id is not None
 
 
 @pytest.mark.slow
@@ -195,7 +196,7 @@ def test_retrieval_study_on_a_trained_run(trained_run):
 def test_trained_mixer_embeddings_beat_chance_at_retrieval(trained_run):
     url, run_id, trial = trained_run
     checkpoint = db.get_run(db.connect(url), run_id).checkpoint_path
-    model, tokenizer = R.load_run_model(checkpoint, trial), R.load_run_tokenizer(checkpoint, trial)
+    model, tokenizer = load_checkpoint_model(checkpoint, trial), load_checkpoint_tokenizer(checkpoint, trial)
     pairs = R.pairs_from_stories()
     summaries = R.embed_texts(model, tokenizer, pairs["summary"], trial.context, progress=False)
     texts = R.embed_texts(model, tokenizer, pairs["text"], trial.context, progress=False)
