@@ -85,7 +85,8 @@ class Recorder:
             import sqlalchemy as sa
 
             with self.engine.begin() as conn:
-                conn.execute(sa.delete(db.Metric).where(db.Metric.run_id == self.run_id, db.Metric.step > step))
+                conn.execute(sa.delete(db.Metric).where(db.Metric.run_id == self.run_id, db.Metric.step > step,
+                                                        db.Metric.split.in_(("train", "eval"))))
 
     def update(self, **fields: Any) -> None:
         if self.engine is not None:

@@ -246,9 +246,9 @@ class TrialConfig(Frozen):
         if allowed is not None and self.architecture not in allowed:
             raise ValueError(f"objective {self.objective!r} is built for architectures {one_of(allowed)}, "
                              f"not {self.architecture!r}; use one of those or objective: clm")
-        self.objective_settings()
+        settings = self.objective_settings()
         if self.objective == "one_step":
-            mask_layer = self.objective_settings().mask_layer
+            mask_layer = settings.mask_layer
             if mask_layer is not None and mask_layer >= self.layers:
                 raise ValueError(f"objective_options.mask_layer={mask_layer} must be below layers={self.layers}")
             if self.layers < 2:
