@@ -156,7 +156,8 @@ def _train_cmd(url: str, run_id: int, art: Path, every: float) -> list[str]:
 
 @pytest.mark.slow
 def test_a_run_killed_midway_resumes_the_same_trajectory_without_duplicate_metrics(tmp_path):
-    trial = make_trial(budget={"steps": 400}, eval={"at": [0.25, 0.5, 0.75]})
+    steps = 2500  # ~9 s on an idle machine: the kill must land mid-run (400 steps took 1.4 s, before any kill)
+    trial = make_trial(budget={"steps": steps}, eval={"at": [0.25, 0.5, 0.75]})
     # reference: uninterrupted
     url_a = f"sqlite:///{tmp_path / 'a.db'}"
     run_a = registered(url_a, trial)
@@ -174,6 +175,7 @@ def test_a_run_killed_midway_resumes_the_same_trajectory_without_duplicate_metri
         time.sleep(0.2)
     assert ckpt is not None, "no checkpoint was written"
     time.sleep(0.5)
+    assert proc.poll() is None, "the trainer finished before it could be killed: raise `steps`"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert db.get_run(db.connect(url_b), run_b).status == "pending"  # never finished
@@ -184,7 +186,7 @@ def test_a_run_killed_midway_resumes_the_same_trajectory_without_duplicate_metri
         assert rb.loss == pytest.approx(ra.loss, rel=2e-3, abs=2e-3), (ra.split, ra.step, ra.loss, rb.loss)
     final_a = db.get_run(db.connect(url_a), run_a)
     final_b = db.get_run(db.connect(url_b), run_b)
-    assert final_b.status == "completed" and final_b.steps == final_a.steps == 400
+    assert final_b.status == "completed" and final_b.steps == final_a.steps == steps
 
 
 @pytest.mark.slow
