@@ -25,7 +25,21 @@ from filelock import FileLock
 from ablate.errors import AblateError, did_you_mean
 from ablate.spec import DatasetRef, TokenizerRef, fingerprint
 
-EMBEDDED = {"tinystories-sample": "tinystories-valid-head.txt"}
+
+@dataclass(frozen=True)
+class Embedded:
+    """A corpus shipped inside the package (see ablate/corpora/README.md and NOTICE)."""
+
+    file: str
+    sha256: str | None = None  # of the unpacked text: checked whenever a compressed corpus is unpacked or reused
+    cut_ends: bool = False  # the file is a byte-cut of a bigger one: its first and last documents are partial
+
+
+EMBEDDED = {
+    "tinystories-sample": Embedded("tinystories-valid-head.txt"),
+    "tinystories": Embedded("tinystories-v2-valid-5M.txt.xz", cut_ends=True,
+                            sha256="7cc2577b9e1f9ed703b13ca651103bf421c91912fcbcb2d024213858e0981d87"),
+}
 SEPARATOR = "<|endoftext|>"
 SPECIALS = ("<unk>", "<s>", "</s>")  # unk, bos, eos; pad = eos, as in the studies
 SUFFIX_FORMAT = {".txt": "text", ".text": "text", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet",
@@ -35,12 +49,44 @@ SUFFIX_FORMAT = {".txt": "text", ".text": "text", ".jsonl": "jsonl", ".json": "j
 # ---------------------------------------------------------------- corpora
 
 
-def _embedded(source: str) -> Path:
+def _embedded(source: str) -> Embedded:
     name = source.removeprefix("ablate:")
     if name not in EMBEDDED:
         raise AblateError(f"dataset.source: no embedded corpus {source!r}{did_you_mean(name, EMBEDDED)}; "
                           f"embedded: {', '.join('ablate:' + k for k in EMBEDDED)}")
-    return Path(__file__).parent / "corpora" / EMBEDDED[name]
+    return EMBEDDED[name]
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def embedded_text(source: str, cache: Path | None = None) -> str:
+    """The text of an embedded corpus. A compressed one is unpacked once into `cache`/corpora (the
+    artifacts folder) and checked by sha256 there; without a cache it is unpacked in memory."""
+    corpus = _embedded(source)
+    packed = Path(__file__).parent / "corpora" / corpus.file
+    if packed.suffix != ".xz":
+        return packed.read_text(encoding="utf-8")
+    target = cache / "corpora" / f"{packed.stem}.{corpus.sha256[:12]}" if cache is not None and corpus.sha256 else None
+    if target is not None and target.exists():
+        data = target.read_bytes()
+        if _sha256(data) == corpus.sha256:
+            return data.decode("utf-8")
+    import lzma
+
+    data = lzma.decompress(packed.read_bytes())
+    if corpus.sha256 and _sha256(data) != corpus.sha256:
+        raise AblateError(f"dataset.source: the embedded corpus {packed} is damaged (sha256 differs from "
+                          f"{corpus.sha256[:12]}…); reinstall ablate")
+    if target is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)  # a reader never sees a partial file; a damaged one is unpacked again
+    return data.decode("utf-8")
 
 
 def _is_local(source: str) -> bool:
@@ -48,8 +94,6 @@ def _is_local(source: str) -> bool:
 
 
 def _local_files(source: str) -> list[Path]:
-    if source.startswith("ablate:"):
-        return [_embedded(source)]
     path = Path(source).expanduser()
     if any(c in source for c in "*?["):
         files = sorted(Path(p) for p in globlib.glob(str(path)))
@@ -68,9 +112,7 @@ def _local_files(source: str) -> list[Path]:
                       "file or folder (relative paths are relative to the sweep file), or at a hub id.")
 
 
-def _text_documents(path: Path, fmt: str) -> list[str]:
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        text = fh.read()
+def _text_documents(text: str, fmt: str) -> list[str]:
     if fmt == "auto":
         fmt = "text" if f"\n{SEPARATOR}\n" in f"\n{text}" else "lines"
     if fmt == "lines":
@@ -94,8 +136,13 @@ def _hub_error(ref: DatasetRef, exc: Exception) -> AblateError:
     )
 
 
-def load_documents(ref: DatasetRef, split: str | None = None):
-    """The corpus split as a `datasets.Dataset` with one column, `text`."""
+def _read_text(path: Path) -> str:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read()
+
+
+def load_documents(ref: DatasetRef, split: str | None = None, cache: Path | None = None):
+    """The corpus split as a `datasets.Dataset` with one column, `text` (`cache`: where embedded corpora unpack)."""
     import datasets
 
     split = split or ref.split
@@ -119,12 +166,15 @@ def load_documents(ref: DatasetRef, split: str | None = None):
     if split != ref.split:
         raise AblateError(f"dataset.eval.split: local files have no split {split!r}; "
                           "use dataset.eval.holdout (a number of documents) instead")
+    if ref.source.startswith("ablate:"):
+        docs = _text_documents(embedded_text(ref.source, cache), "text")
+        return datasets.Dataset.from_dict({"text": docs[1:-1] if _embedded(ref.source).cut_ends else docs})
     files = _local_files(ref.source)
     if not files:
         raise AblateError(f"dataset.source: {ref.source} contains no .txt, .jsonl, .parquet or .arrow files")
     kinds = {fmt if fmt != "auto" else SUFFIX_FORMAT.get(f.suffix, "text") for f in files}
     if kinds <= {"text", "lines"}:
-        docs = [d for f in files for d in _text_documents(f, fmt if fmt in ("text", "lines") else "auto")]
+        docs = [d for f in files for d in _text_documents(_read_text(f), fmt if fmt in ("text", "lines") else "auto")]
         ds = datasets.Dataset.from_dict({"text": docs})
     else:
         if len(kinds) > 1:
@@ -145,13 +195,13 @@ def _text_column(ds, ref: DatasetRef):
     return ds.rename_column(ref.text_field, "text") if ref.text_field != "text" else ds
 
 
-def train_eval_documents(ref: DatasetRef):
-    """(train, eval) documents: `limit` first, then the eval split or a held-out tail."""
-    train = load_documents(ref)
+def train_eval_documents(ref: DatasetRef, cache: Path | None = None):
+    """(train, eval) documents: `limit` first, then the eval split or a held-out tail (whole documents, in order)."""
+    train = load_documents(ref, cache=cache)
     if ref.limit is not None:
         train = train.select(range(min(ref.limit, len(train))))
     if ref.eval.split is not None:
-        evaluation = load_documents(ref, split=ref.eval.split)
+        evaluation = load_documents(ref, split=ref.eval.split, cache=cache)
     else:
         n = ref.eval.holdout or 0
         if n >= len(train):
@@ -204,7 +254,7 @@ def get_tokenizer(ref: TokenizerRef, dataset: DatasetRef, root: Path, progress: 
     folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder) + ".lock"):
         if not target.exists():
-            train_docs, _ = train_eval_documents(dataset)
+            train_docs, _ = train_eval_documents(dataset, cache=root)
             tok = _train_bpe(train_docs, ref, progress)
             tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp"))
             tok.save(str(tmp / "tokenizer.json"))
@@ -311,7 +361,7 @@ def prepare(dataset: DatasetRef, tokenizer: TokenizerRef, context: int, root: Pa
             if not (folder / "meta.json").exists():
                 tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=key + ".tmp"))
                 try:
-                    _build(tmp, dataset, tok, context, progress)
+                    _build(tmp, dataset, tok, context, progress, root)
                     os.replace(tmp, folder)
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)
@@ -322,8 +372,8 @@ def prepare(dataset: DatasetRef, tokenizer: TokenizerRef, context: int, root: Pa
                     tokenizer_file=None if tokenizer.name else root / "tokenizers" / tok_fp / "tokenizer.json")
 
 
-def _build(folder: Path, dataset: DatasetRef, tok: Any, context: int, progress: bool) -> None:
-    train_docs, eval_docs = train_eval_documents(dataset)
+def _build(folder: Path, dataset: DatasetRef, tok: Any, context: int, progress: bool, root: Path) -> None:
+    train_docs, eval_docs = train_eval_documents(dataset, cache=root)
     vocab_size = len(tok)
     dtype = np.uint16 if vocab_size <= 65536 else np.uint32
     eos = tok.eos_token_id

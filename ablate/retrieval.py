@@ -83,7 +83,7 @@ def pairs_from_stories(path_or_text: str | Path = "ablate:tinystories-sample"):
 
     source = str(path_or_text)
     if source.startswith("ablate:"):
-        text = data_mod._embedded(source).read_text(encoding="utf-8")
+        text = data_mod.embedded_text(source)
     elif isinstance(path_or_text, Path) or ("\n" not in source and Path(source).expanduser().is_file()):
         text = Path(source).expanduser().read_text(encoding="utf-8")
     else:

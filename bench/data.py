@@ -3,8 +3,7 @@
     python -m bench.data [--vocab 4096] [--context 512] [--repeat 10]
 
 Corpora: the embedded TinyStories sample (repeated `--repeat` times so the run is long enough to
-time, and so `datasets.map` may use several processes) and Penn Treebank from ../shared/data when
-present. Fresh cache folders each time. A script, not a test.
+time, and so `datasets.map` may use several processes) and Penn Treebank from tests/data. Fresh cache folders each time. A script, not a test.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from pathlib import Path
 from ablate.data import get_tokenizer, prepare, train_eval_documents
 from ablate.spec import DatasetRef, TokenizerRef
 
-PTB = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "ptb" / "valid.txt"
+PTB = Path(__file__).resolve().parent.parent / "tests" / "data" / "ptb" / "valid.txt"
 
 
 def corpus_files(work: Path, repeat: int) -> dict[str, Path]:

@@ -14,7 +14,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.pop("ABLATE_DB_URL", None)
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_DATA = REPO.parent / "shared" / "data"
+TEST_DATA = REPO / "tests" / "data"  # everything the tests read lives in the repository
+SAMPLE = REPO / "ablate" / "corpora" / "tinystories-valid-head.txt"
 # The server .ci/run starts (trust auth). Override with ABLATE_TEST_PG_URL.
 PG_ADMIN_URL = os.environ.get("ABLATE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
@@ -65,8 +66,7 @@ def db_url(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def tinystories(tmp_path: Path) -> Path:
-    """A private copy of the TinyStories sample (tests never write into shared/)."""
-    src = REPO / "ablate" / "corpora" / "tinystories-valid-head.txt"
+    """A private copy of the embedded TinyStories sample (tests never write into the package)."""
     dst = tmp_path / "tinystories.txt"
-    dst.write_bytes(src.read_bytes())
+    dst.write_bytes(SAMPLE.read_bytes())
     return dst

@@ -14,9 +14,9 @@ from ablate.data import get_tokenizer, load_documents, prepare, train_eval_docum
 from ablate.errors import AblateError
 from ablate.spec import DatasetRef, TokenizerRef
 
-from conftest import SHARED_DATA
+from conftest import TEST_DATA
 
-PTB = SHARED_DATA / "ptb" / "valid.txt"
+PTB = TEST_DATA / "ptb" / "valid.txt"
 
 
 def ref(source, **kw) -> DatasetRef:
@@ -35,7 +35,6 @@ def test_embedded_sample_is_the_same_corpus(tinystories):
     assert load_documents(ref("ablate:tinystories-sample"))["text"] == load_documents(ref(tinystories))["text"]
 
 
-@pytest.mark.skipif(not PTB.exists(), reason="needs ../shared/data/ptb")
 def test_lines_format_gives_one_document_per_line(tmp_path):
     path = tmp_path / "ptb.txt"
     shutil.copy(PTB, path)
@@ -147,3 +146,28 @@ def test_concurrent_processes_share_one_cache(tmp_path, tinystories):
         results = pool.map(_prepare_in_process, [(str(tinystories), str(tmp_path))] * 3)
     assert results[0] == results[1] == results[2]
     assert len(list((tmp_path / "tokens").iterdir())) == 2  # the cache folder and its lock file, no leftovers
+
+
+def test_embedded_tinystories_is_whole_stories_unpacked_once_and_checked(tmp_path):
+    from ablate.data import EMBEDDED, embedded_text
+
+    docs = list(load_documents(ref("ablate:tinystories"), cache=tmp_path)["text"])
+    raw = [d.strip() for d in embedded_text("ablate:tinystories").split("<|endoftext|>")]
+    assert docs == [d for d in raw[1:-1] if d]  # the byte-cut first and last stories are dropped
+    assert len(docs) > 6000 and docs[0].startswith("Once upon a time, in a warm and sunny place")
+    assert not raw[-1].endswith((".", "!", "?", '"')) and docs[-1].endswith((".", "!", "?", '"'))
+    unpacked = next((tmp_path / "corpora").iterdir())
+    assert unpacked.stat().st_size == 5 * 2**20
+    unpacked.write_bytes(b"damaged")  # a damaged cache is noticed by its sha256 and unpacked again
+    assert list(load_documents(ref("ablate:tinystories"), cache=tmp_path)["text"]) == docs
+    assert unpacked.stat().st_size == 5 * 2**20 and EMBEDDED["tinystories"].sha256
+
+
+def test_embedded_tinystories_splits_train_and_eval_by_story_deterministically(tmp_path):
+    r = ref("ablate:tinystories", eval={"holdout": 200})
+    train, held = train_eval_documents(r, cache=tmp_path)
+    again_train, again_held = train_eval_documents(r, cache=tmp_path)
+    assert train["text"] == again_train["text"] and held["text"] == again_held["text"]
+    assert len(held) == 200 and not set(held["text"]) & set(train["text"])
+    everything = load_documents(ref("ablate:tinystories"), cache=tmp_path)["text"]
+    assert list(train["text"]) + list(held["text"]) == list(everything)  # whole stories, in order: the last 200 are held out

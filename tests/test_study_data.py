@@ -13,13 +13,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import REPO, SHARED_DATA
+from conftest import REPO, SAMPLE
 
 from ablate.data import load_documents, prepare, train_eval_documents
 from ablate.errors import AblateError
 from ablate.spec import TokenizerRef, load_spec
 
-STORIES = [s.strip() for s in (SHARED_DATA / "tinystories" / "valid-head.txt").read_text().split("<|endoftext|>")
+STORIES = [s.strip() for s in SAMPLE.read_text().split("<|endoftext|>")
            if s.strip()]
 
 # the columns of the hub datasets (text is the one the sweeps read)
