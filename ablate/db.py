@@ -79,6 +79,7 @@ class Run(Base):
     device_name: Mapped[str | None] = mapped_column(sa.String(200))
     attempts: Mapped[int] = mapped_column(default=0)
     pid: Mapped[int | None]  # the trainer process while running (cancel signals it; stale rows are detected)
+    threads: Mapped[int | None]  # torch intra-op threads of the trainer (CPU share of this trial)
     # timings (seconds); train_seconds is the budget clock
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     started_at: Mapped[dt.datetime | None]
@@ -98,6 +99,7 @@ class Run(Base):
     mfu: Mapped[float | None]
     final_train_loss: Mapped[float | None]
     final_eval_loss: Mapped[float | None]
+    epochs: Mapped[float | None]  # passes over the training rows (> 1: the run saw its data more than once)
     peak_memory_mb: Mapped[float | None]
     params: Mapped[int | None] = mapped_column(sa.BigInteger)
     inter_token_params: Mapped[int | None] = mapped_column(sa.BigInteger)
@@ -337,6 +339,22 @@ def register_sweep(engine: sa.Engine, spec: Any, trials: Iterable[Any], spec_pat
                 session.flush()
             ids.append(run.id)
     return sweep.id, ids
+
+
+OWED_UNSTARTED = ("pending", "failed", "cancelled", "preempted")  # owed work that holds no result
+
+
+def drop_stale_runs(engine: sa.Engine, sweep_id: int, keep: set[str]) -> int:
+    """Delete the sweep's grid runs whose trial is no longer in its spec and that hold no result (pending,
+    failed, cancelled, preempted), with their metrics; finished runs stay as results. Returns how many."""
+    with engine.begin() as conn:
+        stale = [rid for rid, fp in conn.execute(
+            sa.select(Run.id, Run.fingerprint).where(Run.sweep_id == sweep_id, Run.study_name.is_(None),
+                                                     Run.status.in_(OWED_UNSTARTED))) if fp not in keep]
+        if stale:
+            conn.execute(sa.delete(Metric).where(Metric.run_id.in_(stale)))
+            conn.execute(sa.delete(Run).where(Run.id.in_(stale)))
+    return len(stale)
 
 
 def new_run(trial: Any, sweep_id: int, index: int, code: str | None, versions: dict[str, str]) -> Run:

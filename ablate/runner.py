@@ -36,7 +36,21 @@ class RunOptions:
     memory_cap_mb: float | None = None
     gpu_ids: tuple[int, ...] | None = None  # CUDA_VISIBLE_DEVICES for this trial; None: inherit
     quiet: bool = True
+    threads: int | None = None  # torch intra-op threads per trainer process; None: every core
     extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a container's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_threads(concurrent: int, processes_per_trial: int = 1) -> int:
+    """Each trainer process's share of the host's cores when `concurrent` trials run at once here."""
+    return max(1, host_cores() // max(1, concurrent * processes_per_trial))
 
 
 def trainer_command(trial: TrialConfig, run_id: int, opts: RunOptions) -> list[str]:
@@ -49,6 +63,8 @@ def trainer_command(trial: TrialConfig, run_id: int, opts: RunOptions) -> list[s
         args += ["--memory-cap-mb", str(opts.memory_cap_mb)]
     if opts.quiet:
         args.append("--quiet")
+    if opts.threads:
+        args += ["--threads", str(opts.threads)]
     if trial.budget.gpus > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc_per_node={trial.budget.gpus}", *args]
@@ -83,6 +99,8 @@ def run_trial(run_id: int, opts: RunOptions, should_stop: Callable[[], bool] | N
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"run-{run_id}.log"
     env = {**os.environ, **opts.extra_env, "PYTHONUNBUFFERED": "1"}
+    if opts.threads:  # also the OpenMP pool that torch and the tokenizer libraries start
+        env["OMP_NUM_THREADS"] = str(opts.threads)
     if opts.gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in opts.gpu_ids)
     with open(log_path, "ab") as log:
@@ -157,11 +175,20 @@ def runs_to_do(engine: sa.Engine, sweep_id: int, run_ids: list[int], retry_faile
     return todo
 
 
-def register(spec_path: str | Path, db_url: str | None = None, max_trials: int = 10_000) -> tuple[Any, int, list[int]]:
-    """Validate and register a sweep: (spec, sweep id, run ids in trial order). Invalid specs write nothing."""
+def register(spec_path: str | Path, db_url: str | None = None, max_trials: int = 10_000,
+             say: Callable[[str], None] | None = None) -> tuple[Any, int, list[int]]:
+    """Validate and register a sweep: (spec, sweep id, run ids in trial order). Invalid specs write nothing.
+
+    Runs that an edit of the spec removed and that hold no result (pending, failed, cancelled, preempted)
+    are dropped, so the sweep owes only its current trials; finished runs stay as results.
+    """
     spec, trials = load_trials(spec_path, max_trials=max_trials)
     engine = db.connect(db_url)
     sweep_id, ids = db.register_sweep(engine, spec, trials, spec_path=str(spec_path))
+    if spec.search is None:
+        dropped = db.drop_stale_runs(engine, sweep_id, {t.fingerprint() for t in trials})
+        if dropped and say is not None:
+            say(f"sweep {spec.name}: dropped {dropped} unfinished run(s) whose trial is no longer in {spec_path}")
     return spec, sweep_id, ids
 
 

@@ -39,6 +39,7 @@ class Settings:
     resume: bool = True
     progress: bool = True
     device: str | None = None
+    threads: int | None = None  # torch intra-op threads; None: torch's default (every core)
 
 
 @dataclass

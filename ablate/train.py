@@ -58,6 +58,8 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     """Train one trial to its budget and record it. Returns the outcome fields written to the run row."""
     dist_ = dist_ or Dist()
     t_start = time.perf_counter()
+    if settings.threads:
+        torch.set_num_threads(settings.threads)  # this trial's share of the host's cores: no oversubscription
     device = _device(settings, dist_)
     recorder = Recorder(settings, dist_.is_main)
     if device.type == "cuda":
@@ -77,6 +79,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
 
     prepared = data_mod.prepare(trial.dataset, trial.tokenizer, trial.context, settings.artifacts,
                                 progress=settings.progress and dist_.is_main)
+    train_rows = max(len(prepared.train), 1)
     fam = models.family(trial.architecture)
     model = objectives.model_for(trial, prepared.vocab_size).to(device)
     params = sum(p.numel() for p in model.parameters())
@@ -209,7 +212,8 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     startup = time.perf_counter() - t_start - clock.meters.get("warmup", 0.0)
     clock.meters["startup"] = startup  # data cache, model build, optimizer (its first use imports torch._dynamo)
     recorder.update(params=params, inter_token_params=fam.inter_token_params(trial), flops_per_token=flops_per_token,
-                    device_name=device_name, startup_seconds=startup, checkpoint_path=str(ckpt_path))
+                    device_name=device_name, startup_seconds=startup, checkpoint_path=str(ckpt_path.resolve()),
+                    threads=torch.get_num_threads())
     last_log_t = clock.elapsed()
     last_ckpt_wall = time.monotonic()
     # a resumed run continues the open log interval (held by rank 0; the log step sums across ranks)
@@ -288,7 +292,8 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     except Exception as exc:  # noqa: BLE001 - recorded, then re-raised for the runner
         clock.stop()
         status, error = "failed", "".join(traceback.format_exception(exc))[-4000:]
-        _finalize(recorder, status, error, progress, clock, device, params, flops_per_token, device_name, None, None)
+        _finalize(recorder, status, error, progress, clock, device, params, flops_per_token, device_name, None, None,
+                  train_rows=train_rows)
         raise
     finally:
         if previous_handler is not None:
@@ -299,10 +304,12 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     if status == "preempted":
         _checkpoint(ckpt_path, model, optimizer, scaler, progress, clock, recorder, dist_,
                                 (interval_sum, interval_count))
-        return _finalize(recorder, status, None, progress, clock, device, params, flops_per_token, device_name, None, None)
+        return _finalize(recorder, status, None, progress, clock, device, params, flops_per_token, device_name,
+                         None, None, train_rows=train_rows)
     if status == "diverged":
         recorder.flush()
-        return _finalize(recorder, status, error, progress, clock, device, params, flops_per_token, device_name, None, None)
+        return _finalize(recorder, status, error, progress, clock, device, params, flops_per_token, device_name,
+                         None, None, train_rows=train_rows)
 
     with clock.paused("eval"):
         final_eval = evaluate(wrapped, prepared.eval, trial, device, dist_, loss_fn, None)
@@ -316,9 +323,9 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
             prepared.save_tokenizer(ckpt_path.parent / "tokenizer")
     if not math.isfinite(final_eval):
         return _finalize(recorder, "diverged", f"eval loss {final_eval}", progress, clock, device, params,
-                         flops_per_token, device_name, final_train, final_eval)
+                         flops_per_token, device_name, final_train, final_eval, train_rows=train_rows)
     return _finalize(recorder, "completed", None, progress, clock, device, params, flops_per_token, device_name,
-                     final_train, final_eval)
+                     final_train, final_eval, train_rows=train_rows)
 
 
 def _shrink(trial: TrialConfig, progress: Progress, optimizer: Any, device: torch.device) -> bool:
@@ -417,7 +424,8 @@ def _finish_oom(recorder: Recorder, trial: TrialConfig, progress: Progress, cloc
 
 def _finalize(recorder: Recorder, status: str, error: str | None, progress: Progress, clock: bud.Clock,
               device: torch.device, params: int | None, flops_per_token: float | None, device_name: str | None,
-              final_train: float | None, final_eval: float | None, peak: float | None = None) -> dict[str, Any]:
+              final_train: float | None, final_eval: float | None, peak: float | None = None,
+              train_rows: int | None = None) -> dict[str, Any]:
     recorder.flush()
     seconds = clock.elapsed()
     tps = progress.tokens / seconds if seconds > 0 else None
@@ -428,6 +436,7 @@ def _finalize(recorder: Recorder, status: str, error: str | None, progress: Prog
         checkpoint_seconds=clock.meters.get("checkpoint", 0.0), compile_seconds=clock.meters.get("compile", 0.0),
         data_wait_fraction=(clock.meters.get("data", 0.0) / seconds) if seconds > 0 else None,
         tokens_per_second=tps, final_train_loss=final_train, final_eval_loss=final_eval,
+        epochs=progress.samples / train_rows if train_rows else None,
         peak_memory_mb=peak if peak is not None else peak_memory_mb(device),
         mfu=(tps * flops_per_token / peak_flops) if (tps and flops_per_token and peak_flops) else None,
         notes={"meters": bud.summarize_meters(clock), **progress.notes} or None,
@@ -511,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-resume", action="store_true")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--device", default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: every core)")
     args = p.parse_args(argv)
     dist_ = _init_dist()
     try:
@@ -521,9 +531,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             text = Path(args.config[1:]).read_text() if args.config.startswith("@") else args.config
             trial = TrialConfig.model_validate(json.loads(text))
-        settings = Settings(artifacts=Path(args.artifacts), db_url=args.db, run_id=args.run_id,
+        settings = Settings(artifacts=Path(args.artifacts).resolve(), db_url=args.db, run_id=args.run_id,
                             checkpoint_every=args.checkpoint_every, memory_cap_mb=args.memory_cap_mb,
-                            resume=not args.no_resume, progress=not args.quiet, device=args.device)
+                            resume=not args.no_resume, progress=not args.quiet, device=args.device,
+                            threads=args.threads)
         outcome = train(trial, settings, dist_)
         if dist_.is_main:
             print(json.dumps({k: v for k, v in outcome.items() if k not in ("notes", "finished_at")}, default=str))

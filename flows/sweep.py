@@ -18,10 +18,11 @@ from ablate import db, runner
 @flow(name="trial", log_prints=True)
 def trial(run_id: int, db_url: str | None = None, artifacts: str = "results/artifacts",
           checkpoint_every: float = 600.0, memory_cap_mb: float | None = None,
-          gpu_ids: list[int] | None = None) -> str:
+          gpu_ids: list[int] | None = None, threads: int | None = None) -> str:
     """Train one run (resuming from its checkpoint) and return its status."""
     opts = runner.RunOptions(db_url=db_url, artifacts=Path(artifacts), checkpoint_every=checkpoint_every,
-                             memory_cap_mb=memory_cap_mb, gpu_ids=tuple(gpu_ids) if gpu_ids is not None else None)
+                             memory_cap_mb=memory_cap_mb, gpu_ids=tuple(gpu_ids) if gpu_ids is not None else None,
+                             threads=threads)
     status = runner.run_trial(run_id, opts)
     get_run_logger().info("run %s: %s", run_id, status)
     return status
@@ -30,8 +31,11 @@ def trial(run_id: int, db_url: str | None = None, artifacts: str = "results/arti
 @flow(name="sweep", log_prints=True)
 def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifacts", gpu_slots: int = 1,
           retry_failed: bool = False, use_deployments: bool = False, checkpoint_every: float = 600.0,
-          memory_cap_mb: float | None = None) -> dict[int, str]:
-    """Run every trial of a sweep file that is not finished yet; returns {run id: status}."""
+          memory_cap_mb: float | None = None, threads: int | None = None) -> dict[int, str]:
+    """Run every trial of a sweep file that is not finished yet; returns {run id: status}.
+
+    `threads`: torch threads per trainer process; default, this host's cores shared by the trials at once.
+    """
     log = get_run_logger()
     parsed, sweep_id, run_ids = runner.register(spec, db_url)
     engine = db.connect(db_url)
@@ -39,9 +43,10 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
     log.info("sweep %s: %d trials, %d to run", parsed.name, len(run_ids), len(todo))
     kwargs = dict(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every, memory_cap_mb=memory_cap_mb)
     if use_deployments:
-        return _dispatch_to_pool(parsed.budget.hardware, todo, kwargs)
+        return _dispatch_to_pool(parsed.budget.hardware, todo, {**kwargs, "threads": threads})
     gpus_per_trial = parsed.budget.gpus
     slots = max(1, gpu_slots // gpus_per_trial)
+    kwargs["threads"] = threads or runner.default_threads(min(slots, max(1, len(todo))), gpus_per_trial)
     if slots == 1:
         return {rid: trial(rid, **kwargs, gpu_ids=None) for rid in todo}
     # one trial per slot at a time, each with its own CUDA_VISIBLE_DEVICES

@@ -226,3 +226,40 @@ def test_gradient_accumulation_matches_the_full_batch(tmp_path):
                   Settings(artifacts=tmp_path / "b", progress=False))
     assert accum["samples"] == full["samples"] == 80
     assert accum["final_eval_loss"] == pytest.approx(full["final_eval_loss"], abs=1e-3)
+
+
+def test_the_run_records_its_threads_epochs_and_an_absolute_checkpoint_path(sqlite_url, tmp_path, monkeypatch):
+    from ablate.data import prepare
+
+    trial = make_trial(budget={"steps": 8})
+    run_id = registered(sqlite_url, trial)
+    monkeypatch.chdir(tmp_path)  # artifacts given relative, as the CLI's default is
+    before = torch_threads()
+    try:
+        out = train(trial, Settings(artifacts=Path("art"), db_url=sqlite_url, run_id=run_id, progress=False, threads=1))
+    finally:
+        import torch
+
+        torch.set_num_threads(before)
+    run = db.get_run(db.connect(sqlite_url), run_id)
+    rows = len(prepare(trial.dataset, trial.tokenizer, trial.context, tmp_path / "art", progress=False).train)
+    assert run.threads == 1
+    assert run.epochs == pytest.approx(out["samples"] / rows) and out["samples"] == 8 * trial.batch_size
+    assert Path(run.checkpoint_path).is_absolute() and Path(run.checkpoint_path).exists()
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def test_the_runner_gives_each_trainer_its_share_of_the_cores():
+    from ablate import runner
+
+    cores = runner.host_cores()
+    assert runner.default_threads(1) == cores and runner.default_threads(2) == max(1, cores // 2)
+    assert runner.default_threads(4, processes_per_trial=4) == max(1, cores // 16)
+    command = runner.trainer_command(make_trial(), 7, runner.RunOptions(threads=3))
+    assert command[command.index("--threads") + 1] == "3"
+    assert "--threads" not in runner.trainer_command(make_trial(), 7, runner.RunOptions())
