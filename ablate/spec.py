@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -379,11 +380,22 @@ class TableSpec(Frozen):
     where: dict[str, Any] = Field(default_factory=dict)  # only trials matching these axes
 
 
+class Ordering(Frozen):
+    """A published ordering the report checks on our table: runs matching `better` reach a lower test loss
+    than runs matching `worse`, at each combination of the `at` axes (held equal)."""
+
+    claim: str = Field(min_length=1)  # the study's statement, with where it is published
+    better: dict[str, Any]
+    worse: dict[str, Any]
+    at: tuple[str, ...] = ()
+
+
 class ReportBlock(Frozen):
     tables: tuple[TableSpec, ...] = (TableSpec(),)
     curves: tuple[Literal["hours", "tokens", "steps"], ...] = ("hours", "tokens")
     kind: Literal["loss", "memory"] = "loss"
     prompt: str | None = None
+    orderings: tuple[Ordering, ...] = ()
 
 
 class Reference(Frozen):
@@ -471,6 +483,8 @@ class SweepSpec(Frozen):
         data = self.model_dump(mode="json")
         if data["retrieval"] is None:  # sweeps without a retrieval stage keep their identity
             del data["retrieval"]
+        if not data["report"]["orderings"]:  # as do sweeps that check no published ordering
+            del data["report"]["orderings"]
         return fingerprint(data)
 
 
@@ -545,10 +559,14 @@ def parse_spec(data: Any, source: str = "<spec>", base_dir: Path | None = None) 
         raise SpecError([f"the top level must be a mapping with keys name, dataset, budget, grid, ... (got {type(data).__name__})"], source)
     data = dict(data)
     if base_dir is not None and isinstance(data.get("dataset"), dict):
-        data["dataset"] = _resolve_local(data["dataset"], base_dir)
+        try:
+            data["dataset"] = _resolve_local(data["dataset"], base_dir)
+        except ValueError as exc:
+            raise SpecError([f"dataset.{exc}"], source) from None
     retrieval = data.get("retrieval")
     if base_dir is not None and isinstance(retrieval, dict) and isinstance(retrieval.get("pairs"), dict):
-        data["retrieval"] = {**retrieval, "pairs": _resolve_local(retrieval["pairs"], base_dir)}
+        # pairs are read only by the retrieval stage, after training: a missing file is reported there
+        data["retrieval"] = {**retrieval, "pairs": _resolve_local(retrieval["pairs"], base_dir, must_exist=False)}
     try:
         spec = SweepSpec.model_validate(data)
     except ValidationError as exc:
@@ -559,12 +577,36 @@ def parse_spec(data: Any, source: str = "<spec>", base_dir: Path | None = None) 
     return spec
 
 
-def _resolve_local(dataset: dict[str, Any], base_dir: Path) -> dict[str, Any]:
-    """A relative local path in a spec is relative to the spec file; hub ids and `ablate:` names stay as written."""
+# Suffixes of data files: a source ending in one of these is a local path, never a hub id.
+DATA_SUFFIXES = (".txt", ".text", ".jsonl", ".json", ".parquet", ".arrow", ".csv", ".tsv", ".xz", ".gz", ".zst", ".bz2")
+
+
+def looks_like_path(source: str) -> bool:
+    """Whether a source can only mean a local path (a hub id is `name` or `org/name`, with no data-file suffix)."""
+    return (source.startswith((".", "/", "~")) or source.count("/") > 1 or "\\" in source
+            or any(c in source for c in "*?[") or source.lower().endswith(DATA_SUFFIXES))
+
+
+def _resolve_local(dataset: dict[str, Any], base_dir: Path, must_exist: bool = True) -> dict[str, Any]:
+    """A source naming an existing file or folder (relative to the spec file, then the working directory)
+    becomes its absolute path; one that looks like a path and exists in neither is refused with the paths
+    tried. Hub ids and `ablate:` names stay as written."""
+    import glob
+
     source = dataset.get("source")
-    if isinstance(source, str) and source.startswith((".", "/")) and not source.startswith("/"):
-        resolved = (base_dir / source).resolve()
-        return {**dataset, "source": str(resolved)}
+    if not isinstance(source, str) or not source or source.startswith("ablate:") or dataset.get("format") == "hub":
+        return dataset
+    path = Path(source).expanduser()
+    tried = [path] if path.is_absolute() else [(base_dir / path).absolute(), (Path.cwd() / path).absolute()]
+    tried = list(dict.fromkeys(tried))
+    for candidate in tried:
+        found = glob.glob(str(candidate)) if any(c in source for c in "*?[") else candidate.exists()
+        if found:
+            return {**dataset, "source": str(Path(os.path.normpath(candidate)))}
+    if must_exist and looks_like_path(source):
+        raise ValueError(f"source: no file or folder {source!r}; tried {', '.join(str(t) for t in tried)}. "
+                         "Relative paths are read from the sweep file's folder, then the working directory; "
+                         "a hub id is written `org/name`")
     return dataset
 
 

@@ -222,3 +222,51 @@ def test_all_problems_are_reported_at_once(tmp_path):
     with pytest.raises(SpecError) as info:
         load_trials(write(tmp_path, spec_with(grid=grid)))
     assert len(info.value.problems) == 2
+
+
+def _spec_with_source(folder: Path, source: str) -> Path:
+    data = {"name": "local", "dataset": {"source": source}, "budget": {"steps": 5},
+            "defaults": {"architecture": "mixer", "d_model": 32, "layers": 2, "context": 32, "lr": 1e-3, "batch_size": 2}}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "sweep.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_source_naming_a_file_beside_the_sweep_or_in_the_working_directory_is_local(tmp_path, monkeypatch):
+    sweeps, elsewhere = tmp_path / "sweeps", tmp_path / "work"
+    spec_path = _spec_with_source(sweeps, "stories.txt")
+    (sweeps / "stories.txt").write_text("a story\n<|endoftext|>\n")
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert load_spec(spec_path).dataset.source == str(sweeps / "stories.txt")  # beside the sweep file first
+    (sweeps / "stories.txt").unlink()
+    (elsewhere / "stories.txt").write_text("a story\n<|endoftext|>\n")
+    assert load_spec(spec_path).dataset.source == str(elsewhere / "stories.txt")  # then the working directory
+    (elsewhere / "corpus").mkdir()
+    assert load_spec(_spec_with_source(sweeps, "corpus")).dataset.source == str(elsewhere / "corpus")  # a folder
+
+
+def test_a_missing_file_source_is_refused_with_the_paths_tried_and_a_hub_id_is_not(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec_path = _spec_with_source(tmp_path / "sweeps", "stories.txt")
+    with pytest.raises(SpecError) as info:
+        load_spec(spec_path)
+    text = str(info.value)
+    assert "dataset.source" in text and str(tmp_path / "sweeps" / "stories.txt") in text
+    assert str(tmp_path / "stories.txt") in text
+    for path_like in ("data/shards/*.parquet", "./corpus", "../x/y.jsonl"):
+        with pytest.raises(SpecError, match="dataset.source: no file or folder"):
+            load_spec(_spec_with_source(tmp_path / "sweeps", path_like))
+    assert load_spec(_spec_with_source(tmp_path / "sweeps", "roneneldan/TinyStories")).dataset.source == \
+        "roneneldan/TinyStories"
+
+
+def test_plan_refuses_a_missing_local_source_and_writes_nothing(tmp_path, monkeypatch):
+    from ablate.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    spec_path = _spec_with_source(tmp_path / "sweeps", "stories.txt")
+    assert main(["plan", str(spec_path)]) == 2
+    assert main(["sweep", "register", str(spec_path)]) == 2
+    assert not (tmp_path / "results").exists()  # no DB file, no folder
