@@ -97,7 +97,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         key = f"{t.budget.gpus}x {t.budget.hardware}"
         per_class[key] += t.budget.amount
     console.print(table)
-    console.print(f"{len(trials)} trials; budget per trial: {spec.budget.describe()}")
+    if spec.search is not None:  # the table shows the base trial; the search samples the rest
+        search = spec.search
+        console.print(f"search: {search.n_trials} trials sampled by {search.sampler} (pruner {search.pruner}) from the "
+                      "trial above, over " + "; ".join(f"{k} {_search_range(v)}" for k, v in search.parameters.items())
+                      + f". Run it with `ablate search run {args.spec}`.")
+        for key in per_class:
+            per_class[key] = spec.budget.amount * search.n_trials
+    else:
+        console.print(f"{len(trials)} trials; budget per trial: {spec.budget.describe()}")
     kind = spec.budget.kind
     for key, amount in per_class.items():
         if kind == "wall_clock":
@@ -105,6 +113,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         else:
             console.print(f"total on {key}: {human_count(amount)} {kind}")
     return 0
+
+
+def _search_range(param: Any) -> str:
+    if param.type == "categorical":
+        return "in {" + ", ".join(str(c) for c in param.choices) + "}"
+    scale = " (log)" if param.log else ""
+    return f"in [{param.low:g}, {param.high:g}]{scale}" + (f" when {param.when}" if param.when else "")
 
 
 # ---------------------------------------------------------------- sql
@@ -125,7 +140,7 @@ def print_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str) 
     elif fmt == "csv":
         import csv
 
-        writer = csv.writer(sys.stdout)
+        writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(columns)
         writer.writerows(rows)
     else:
@@ -184,7 +199,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from ablate import db, runner
 
     if args.sweep_command == "register":
-        spec, sweep_id, ids = runner.register(args.spec, args.db, max_trials=args.max_trials)
+        spec, sweep_id, ids = runner.register(args.spec, args.db, max_trials=args.max_trials, say=console.print)
         console.print(f"sweep {spec.name} (id {sweep_id}): {len(ids)} runs registered")
         return 0
     if args.sweep_command == "run":
@@ -249,11 +264,13 @@ def _sweep_run(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the live table is the display
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from a lab machine
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # nor from the client, whose first-run notice would print over the table
     from rich.live import Live
 
     from ablate import db, runner
 
-    spec, _, ids = runner.register(args.spec, args.db, max_trials=args.max_trials)  # errors before any Prefect start-up
+    # errors before any Prefect start-up
+    spec, _, ids = runner.register(args.spec, args.db, max_trials=args.max_trials, say=console.print)
     engine = db.connect(args.db)
     console.print(f"sweep {spec.name}: {len(ids)} trials, {spec.budget.describe()} each; results in "
                   f"{db._describe(str(engine.url))}")
@@ -272,7 +289,8 @@ def _sweep_run(args: argparse.Namespace) -> int:
         try:
             result["statuses"] = sweep_flow(spec=str(args.spec), db_url=args.db, artifacts=str(args.artifacts),
                                             gpu_slots=args.gpu_slots, retry_failed=args.retry_failed,
-                                            checkpoint_every=args.checkpoint_every, memory_cap_mb=args.memory_cap_mb)
+                                            checkpoint_every=args.checkpoint_every, memory_cap_mb=args.memory_cap_mb,
+                                            threads=args.threads)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             result["error"] = exc
         finally:
@@ -325,7 +343,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     search.check_search(spec, args.spec)
     opts = runner.RunOptions(db_url=args.db, artifacts=Path(args.artifacts), checkpoint_every=args.checkpoint_every,
-                             memory_cap_mb=args.memory_cap_mb)
+                             memory_cap_mb=args.memory_cap_mb,
+                             threads=args.threads or runner.default_threads(args.workers, spec.budget.gpus))
     total = search.planned_trials(spec.search, args.n_trials)
     console.print(f"search {spec.name}: {total} trials ({spec.search.sampler}, pruner {spec.search.pruner}), "
                   f"{args.workers} worker(s) here, {spec.budget.describe()} each")
@@ -363,6 +382,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         report = build_report(args.sweep, args.db, out, formats=formats)
     for table in report.tables:
         console.print(escape(table.markdown()))
+        console.print()
+    for line in report.orderings:
+        console.print(escape(line))
         console.print()
     console.print(f"report written to {report.out}/ (" + ", ".join(p.name for p in report.files) + ")")
     return 0
@@ -447,6 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--artifacts", default="results/artifacts", help="token caches, tokenizers, checkpoints, logs")
     r.add_argument("--checkpoint-every", type=float, default=600.0, help="seconds between checkpoints")
     r.add_argument("--memory-cap-mb", type=float, default=None, help="treat peak memory above this as OOM")
+    r.add_argument("--threads", type=int, default=None,
+                   help="torch threads per trainer (default: this machine's cores / trials at once; "
+                        "1 on a machine other jobs share)")
     r = ssub.add_parser("status", parents=[common], help="table of a sweep's runs")
     r.add_argument("name")
     r = ssub.add_parser("cancel", parents=[common], help="cancel waiting runs and stop running ones (checkpointed)")
@@ -459,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", type=int, default=1, help="trials at once here, each asking the shared study (default 1)")
     r.add_argument("--n-trials", type=int, default=None, help="trials the study should hold (default: the spec's)")
     r.add_argument("--seed", type=int, default=None, help="sampler seed (default: from the spec name)")
+    r.add_argument("--threads", type=int, default=None, help="torch threads per trainer (default: cores / workers)")
     r.add_argument("--artifacts", default="results/artifacts", help="token caches, tokenizers, checkpoints, logs")
     r.add_argument("--checkpoint-every", type=float, default=600.0, help="seconds between checkpoints")
     r.add_argument("--memory-cap-mb", type=float, default=None, help="treat peak memory above this as OOM")

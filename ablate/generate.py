@@ -78,4 +78,7 @@ def complete(model: torch.nn.Module, tokenizer, prompt: str, context: int, max_n
         if token == tokenizer.eos_token_id:
             break
         ids.append(token)
-    return tokenizer.decode(ids[start:])
+    # decode the whole sequence, then cut the prompt: a character whose bytes span tokens decodes whole; bytes
+    # that form no character (a cut at the end, or a byte token out of place) are dropped, not shown as U+FFFD
+    prompt_text = tokenizer.decode(ids[:start])
+    return tokenizer.decode(ids).removeprefix(prompt_text).replace("\ufffd", "")

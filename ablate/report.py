@@ -135,8 +135,14 @@ def _one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView]) -> Tab
                 ("Published (MB)", [_ref_memory(runs) for runs in columns.values()])]
         return Table(title=title, columns=labels, rows=rows, runs=list(columns.values()))
     rows = [("Train", [_loss_cell(runs, "final_train_loss") for runs in columns.values()]),
-            ("Test", [_loss_cell(runs, "final_eval_loss") for runs in columns.values()])]
+            ("Test", [_loss_cell(runs, "final_eval_loss") for runs in columns.values()]),
+            ("Epochs", [_epochs_cell(runs) for runs in columns.values()])]
     notes = []
+    repeated = [label for label, runs in zip(labels, columns.values()) if _max_epochs(runs) > 1]
+    if repeated:
+        most = max(_max_epochs(runs) for runs in columns.values())
+        notes.append(f"Data repeated: {', '.join(repeated)} saw the training data more than once (up to {most:.1f} "
+                     "epochs), so their test − train gap includes memorisation and the budget compares unequal data.")
     if any(r[0].reference for r in columns.values()):
         rows.append(("Train (published)", [_ref_cell(runs, "train") for runs in columns.values()]))
         rows.append(("Test (published)", [_ref_cell(runs, "eval") for runs in columns.values()]))
@@ -172,6 +178,54 @@ def _loss_cell(runs: list[RunView], column: str) -> str:
         return _status_of(runs) or "-"
     mean, std = _mean_std(values)
     return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f}"
+
+
+def _epochs_of(runs: list[RunView]) -> list[float]:
+    return [r.row.epochs for r in runs if r.row.epochs is not None]
+
+
+def _max_epochs(runs: list[RunView]) -> float:
+    return max(_epochs_of(runs), default=0.0)
+
+
+def _epochs_cell(runs: list[RunView]) -> str:
+    values = _epochs_of(runs)
+    return f"{statistics.fmean(values):.2f}" if values else "-"
+
+
+def check_orderings(spec: SweepSpec, views: list[RunView]) -> list[str]:
+    """For each published ordering in the spec: does our table agree, at each value of its `at` axes?"""
+    lines = []
+    for order in spec.report.orderings:
+        cells: dict[tuple, dict[str, list[float]]] = {}
+        for v in views:
+            if v.row.status != "completed" or v.row.final_eval_loss is None:
+                continue
+            for side in ("better", "worse"):
+                if _matches(v, getattr(order, side)):
+                    key = tuple(v.axes.get(k) for k in order.at)
+                    cells.setdefault(key, {"better": [], "worse": []})[side].append(v.row.final_eval_loss)
+        verdicts = []
+        for key in sorted(cells, key=lambda k: [_sort_key(x) for x in k]):
+            better, worse = cells[key]["better"], cells[key]["worse"]
+            if not better or not worse:
+                continue
+            b, w = statistics.fmean(better), statistics.fmean(worse)
+            where = ", ".join(f"{k}={x}" for k, x in zip(order.at, key)) or "overall"
+            verdicts.append((b < w, f"{where}: {_label_of(order.better)} {b:.2f} vs {_label_of(order.worse)} {w:.2f} "
+                                    f"({'agrees' if b < w else 'disagrees'})"))
+        if not verdicts:
+            lines.append(f"Study: {order.claim} Here: no completed pair of runs to compare yet.")
+            continue
+        agree = sum(ok for ok, _ in verdicts)
+        overall = "agrees" if agree == len(verdicts) else "disagrees" if agree == 0 else "agrees in part"
+        lines.append(f"Study: {order.claim} Here, test loss: " + "; ".join(text for _, text in verdicts)
+                     + f". Our ordering {overall} with the study's ({agree} of {len(verdicts)}).")
+    return lines
+
+
+def _label_of(match: dict[str, Any]) -> str:
+    return " ".join(str(v) for v in match.values())
 
 
 def _ref_cell(runs: list[RunView], which: str) -> str:
@@ -265,6 +319,7 @@ class Report:
     figures: list[Path]
     out: Path
     files: list[Path]
+    orderings: list[str] = field(default_factory=list)
 
 
 def _slug(text: str) -> str:
@@ -322,9 +377,11 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
             plt.close(fig)
     files = list(figures)
     summary = _summary(views)
+    orderings = check_orderings(spec, views)
     samples = _samples(views, spec.report.prompt, url) if spec.report.prompt and "samples" not in skip else []
     if "md" in formats:
         md = [f"# {spec.name}", "", spec.description, "", summary, ""]
+        md += [f"**Against the study.** {line}\n" for line in orderings]
         for t, fig_index in zip(tables, range(len(tables))):
             md += [t.markdown(), ""]
             png = out / f"curves-{_slug(t.title)}.png"
@@ -337,6 +394,7 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
         files.append(out / "report.md")
     if "html" in formats:
         parts = [f"<h1>{html.escape(spec.name)}</h1><p>{html.escape(spec.description)}</p><p>{html.escape(summary)}</p>"]
+        parts += [f"<p><b>Against the study.</b> {html.escape(line)}</p>" for line in orderings]
         for i, t in enumerate(tables):
             parts.append(t.html())
             if i < len(embedded):
@@ -355,9 +413,9 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
 
         import pandas as pd
 
-        pd.concat([results.runs(name, url) for name in sweeps]).to_csv(out / "runs.csv", index=False)
+        results.to_csv(pd.concat([results.runs(name, url) for name in sweeps]), out / "runs.csv")
         files.append(out / "runs.csv")
-    return Report(sweep=spec.name, tables=tables, figures=figures, out=out, files=files)
+    return Report(sweep=spec.name, tables=tables, figures=figures, out=out, files=files, orderings=orderings)
 
 
 def _samples(views: list[RunView], prompt: str, url: str | None, max_new: int = 48) -> list[tuple[int, str, str]]:

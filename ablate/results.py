@@ -44,7 +44,23 @@ def runs(sweep: str | None = None, url: str | None = None):
     if sweep is not None:
         q = q.where(db.Sweep.name == sweep)
     with engine.connect() as conn:
-        return pd.read_sql(q.order_by(db.Run.id), conn)
+        frame = pd.read_sql(q.order_by(db.Run.id), conn)
+    # integer columns stay integers where some rows are NULL (pandas would make heads 4.0)
+    for column in db.Run.__table__.columns:
+        if isinstance(column.type, sa.Integer) and column.name in frame:
+            frame[column.name] = frame[column.name].astype("Int64")
+    return frame
+
+
+def to_csv(frame: Any, path: Any) -> None:
+    """A DataFrame as csv whose JSON columns (config, options, ...) are JSON text that json.loads reads back."""
+    import json
+
+    frame = frame.copy()
+    for column in db.Run.__table__.columns:
+        if isinstance(column.type, sa.JSON) and column.name in frame:
+            frame[column.name] = [None if v is None else json.dumps(v, sort_keys=True) for v in frame[column.name]]
+    frame.to_csv(path, index=False, lineterminator="\n")
 
 
 def metrics(run_ids: list[int] | None = None, sweep: str | None = None, url: str | None = None):

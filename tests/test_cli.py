@@ -24,7 +24,7 @@ def ablate(*argv: str) -> subprocess.CompletedProcess:
 def test_plan_lists_trials_and_total_budget(capsys):
     assert main(["plan", SMOKE]) == 0
     out = capsys.readouterr().out
-    assert "4 trials" in out and "wall clock 8s on 1x cpu" in out and "total on 1x cpu: 32s" in out
+    assert "4 trials" in out and "wall clock 20s on 1x cpu" in out and "total on 1x cpu: 1m20s" in out
 
 
 def test_user_error_exits_2_with_a_message_and_no_traceback(tmp_path):
@@ -34,7 +34,7 @@ def test_user_error_exits_2_with_a_message_and_no_traceback(tmp_path):
     path.write_text(yaml.safe_dump(bad))
     result = ablate("plan", str(path))
     assert result.returncode == 2
-    assert "heads=5 does not divide d_model=32" in result.stderr
+    assert "heads=5 does not divide d_model=64" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -64,7 +64,7 @@ def test_sql_csv_output(sqlite_url, capsys):
     main(["sweep", "register", SMOKE, "--db", sqlite_url])
     capsys.readouterr()
     assert main(["--db", sqlite_url, "sql", "SELECT architecture, d_model FROM runs ORDER BY id", "--format", "csv"]) == 0
-    assert capsys.readouterr().out.splitlines() == ["architecture,d_model", "mixer,32", "mixer,64", "llama,32", "llama,64"]
+    assert capsys.readouterr().out.splitlines() == ["architecture,d_model", "mixer,64", "mixer,128", "llama,64", "llama,128"]
 
 
 def test_sql_error_is_reported(sqlite_url, capsys):
@@ -74,9 +74,9 @@ def test_sql_error_is_reported(sqlite_url, capsys):
 
 def test_db_upgrade_and_current(sqlite_url, capsys):
     assert main(["db", "upgrade", "--db", sqlite_url]) == 0
-    assert "-> 0003" in capsys.readouterr().out
+    assert "-> 0004" in capsys.readouterr().out
     assert main(["db", "current", "--db", sqlite_url]) == 0
-    assert "schema 0003" in capsys.readouterr().out
+    assert "schema 0004" in capsys.readouterr().out
 
 
 def test_dead_database_error_from_the_cli(capsys):
@@ -91,16 +91,16 @@ def test_documented_views_answer_the_common_questions(db_url, capsys):
         ids = conn.execute(sa.select(db.Run.id).order_by(db.Run.id)).scalars().all()
     for rid, loss in zip(ids, (3.0, 2.5, 2.8, 2.9)):
         db.update_run(engine, rid, status="completed", final_eval_loss=loss)
-        db.write_metrics(engine, rid, [dict(step=s, split="eval", elapsed_seconds=s, tokens=s * 10, loss=loss + 1 - s / 8,
-                                            lr=None) for s in (2, 4, 8)])
+        db.write_metrics(engine, rid, [dict(step=s, split="eval", elapsed_seconds=s, tokens=s * 10, loss=loss + 1 - s / 20,
+                                            lr=None) for s in (5, 10, 20)])
     capsys.readouterr()
     assert main(["sql", "SELECT architecture, d_model, final_eval_loss FROM best_runs ORDER BY architecture",
                  "--db", db_url, "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == [
-        {"architecture": "llama", "d_model": 32, "final_eval_loss": 2.8},
-        {"architecture": "mixer", "d_model": 64, "final_eval_loss": 2.5}]
+        {"architecture": "llama", "d_model": 64, "final_eval_loss": 2.8},
+        {"architecture": "mixer", "d_model": 128, "final_eval_loss": 2.5}]
     assert main(["sql", "SELECT run_id, loss FROM eval_curve WHERE budget_fraction = 0.5 ORDER BY run_id",
-                 "--db", db_url, "--format", "json"]) == 0  # smoke budget: 8 s, so 4 s is half
+                 "--db", db_url, "--format", "json"]) == 0  # smoke budget: 20 s, so 10 s is half
     rows = json.loads(capsys.readouterr().out)
     assert [r["loss"] for r in rows] == [3.5, 3.0, 3.3, 3.4]
     assert main(["sql", "SELECT count(*) AS n FROM run_results WHERE sweep = 'smoke'", "--db", db_url,
@@ -129,3 +129,33 @@ def test_sweep_status_and_cancel(sqlite_url, capsys):
     assert runner.runs_to_do(engine, sweep_id, ids) == []
     assert main(["sweep", "status", "smok", "--db", sqlite_url]) == 2
     assert "did you mean 'smoke'" in capsys.readouterr().err
+
+
+def test_plan_of_a_search_sweep_describes_the_search(capsys):
+    assert main(["plan", str(REPO / "sweeps" / "tinystories-heads-lr.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "search: 24 trials sampled by tpe (pruner median)" in out and "heads in {1, 2, 4, 8, 16}" in out
+    assert "1 trials" not in out and "total on 1x rtx3060: 288h00m" in out
+
+
+def test_an_edited_sweep_drops_its_removed_unfinished_runs_and_keeps_results(sqlite_url, tmp_path, capsys):
+    spec = yaml.safe_load(Path(SMOKE).read_text())
+    path = tmp_path / "smoke.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["sweep", "register", str(path), "--db", sqlite_url]) == 0
+    engine = db.connect(sqlite_url)
+    runs = {(r.architecture, r.d_model): r.id for r in __import__("ablate.runner").runner.sweep_runs(engine, "smoke")}
+    db.update_run(engine, runs[("mixer", 64)], status="failed", attempts=3, error="boom")
+    db.update_run(engine, runs[("mixer", 128)], status="completed", final_eval_loss=3.0)
+    db.write_metrics(engine, runs[("mixer", 64)], [dict(step=1, split="train", elapsed_seconds=1, tokens=1, loss=5.0,
+                                                         lr=1e-3)])
+    spec["grid"] = [{"architecture": "llama", "heads": 4, "d_model": [64, 128]}]  # the mixers are edited out
+    path.write_text(yaml.safe_dump(spec))
+    capsys.readouterr()
+    assert main(["sweep", "register", str(path), "--db", sqlite_url]) == 0
+    assert "dropped 1 unfinished run(s) whose trial is no longer in" in capsys.readouterr().out
+    with engine.connect() as conn:
+        left = dict(conn.execute(sa.select(db.Run.id, db.Run.status)).all())
+        points = conn.execute(sa.select(sa.func.count()).select_from(db.Metric)).scalar()
+    assert runs[("mixer", 64)] not in left and points == 0  # the failed run and its points are gone
+    assert left[runs[("mixer", 128)]] == "completed"  # a result stays

@@ -49,6 +49,7 @@ def test_prefect_deployment_run_sweep_smoke_with_a_local_server_and_workers(tmp_
     sweeps.mkdir()
     spec = yaml.safe_load((REPO / "sweeps" / "smoke.yaml").read_text())
     spec["budget"] = {"steps": 10, "hardware": "cpu"}
+    spec["dataset"], spec["tokenizer"] = {"source": "ablate:tinystories-sample", "eval": {"holdout": 24}, "packing": "pad"}, {"vocab_size": 512}  # the small sample: fast
     spec["grid"] = [{"architecture": "mixer", "d_model": [32, 48]}]
     (sweeps / "smoke.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     url = f"sqlite:///{tmp_path / 'results.db'}"

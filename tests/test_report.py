@@ -18,8 +18,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 def write_spec(tmp_path: Path, **changes) -> Path:
     data = yaml.safe_load((REPO / "sweeps" / "smoke.yaml").read_text())
-    data.update({"budget": {"steps": 12, "hardware": "cpu"}, "eval": {"at": [0.5]}})
+    data.update({"budget": {"steps": 12, "hardware": "cpu"}, "eval": {"at": [0.5]}, "tokenizer": {"vocab_size": 512},
+                 "dataset": {"source": "ablate:tinystories-sample", "eval": {"holdout": 24}, "packing": "pad"}})  # the small sample: fast
     data["defaults"]["context"] = 48
+    data["grid"] = [{"architecture": "mixer", "d_model": [32, 64]}, {"architecture": "llama", "heads": 4, "d_model": [32, 64]}]
     data["reference"] = [{"match": {"architecture": "mixer", "d_model": 32}, "train": 2.5, "eval": 2.75}]
     data.update(changes)
     path = tmp_path / "smoke.yaml"
@@ -180,3 +182,85 @@ def test_compare_puts_two_sweeps_side_by_side(filled, tmp_path):
     col = next(i for i, c in enumerate(table.columns) if c.startswith("sweep=smoke-b"))
     assert dict(table.rows)["Test"][col] == "1.50"
     assert len((tmp_path / "cmp" / "runs.csv").read_text().strip().splitlines()) == len(ids) + 2
+
+
+def test_every_loss_table_shows_epochs_and_notes_repeated_data(filled):
+    url, ids, tmp = filled
+    engine = db.connect(url)
+    report = build_report("smoke", url, tmp / "epochs", formats=("md",))
+    runs = {r.id: r for r in runner.sweep_runs(engine, "smoke")}
+    for table in report.tables:
+        epochs = dict(table.rows)["Epochs"]
+        for cell, column_runs in zip(epochs, table.runs):
+            values = [runs[v.row.id].epochs for v in column_runs]
+            assert all(v is not None and 0 < v < 1 for v in values)  # 12 steps of 8 rows: under one epoch
+            assert cell == f"{sum(values) / len(values):.2f}"
+        assert not any(n.startswith("Data repeated") for n in table.notes)
+    llama = next(r for r in runs.values() if r.architecture == "llama")
+    db.update_run(engine, llama.id, epochs=3.4)
+    try:
+        report = build_report("smoke", url, tmp / "epochs2", formats=("md",))
+        table = next(t for t in report.tables if "llama" in t.title)
+        assert any("up to 3.4 epochs" in n and f"d={llama.d_model}" in n for n in table.notes)
+        assert "Data repeated" in (report.out / "report.md").read_text()
+    finally:
+        db.update_run(engine, llama.id, epochs=llama.epochs)
+
+
+def test_the_report_says_whether_the_published_ordering_holds_computed_from_the_table(filled):
+    from ablate.report import check_orderings
+
+    url, ids, tmp = filled
+    engine = db.connect(url)
+    spec, views = load_views(engine, "smoke")
+    assert spec.report.orderings  # the smoke sweep names the study's mixer-vs-Llama ordering
+    (line,) = check_orderings(spec, views)
+    for d in (32, 64):
+        mixer = [v.row.final_eval_loss for v in views if v.axes["architecture"] == "mixer" and v.axes["d_model"] == d]
+        llama = [v.row.final_eval_loss for v in views if v.axes["architecture"] == "llama" and v.axes["d_model"] == d]
+        m, l = sum(mixer) / len(mixer), sum(llama) / len(llama)
+        assert f"d_model={d}: mixer {m:.2f} vs llama {l:.2f} ({'agrees' if m < l else 'disagrees'})" in line
+    for v in views:  # force each verdict: the text follows the numbers, not a fixed sentence
+        v.row.final_eval_loss = 1.0 if v.axes["architecture"] == "mixer" else 2.0
+    assert "Our ordering agrees with the study's (2 of 2)" in check_orderings(spec, views)[0]
+    for v in views:
+        v.row.final_eval_loss = 3.0 if v.axes["architecture"] == "mixer" else 2.0
+    assert "Our ordering disagrees with the study's (0 of 2)" in check_orderings(spec, views)[0]
+
+
+def test_runs_csv_keeps_integers_and_json_that_json_loads_reads(filled):
+    import csv
+    import json
+
+    url, ids, tmp = filled
+    report = build_report("smoke", url, tmp / "csv", formats=("csv",))
+    rows = list(csv.DictReader((report.out / "runs.csv").open()))
+    assert {r["heads"] for r in rows if r["architecture"] == "llama"} == {"4"}
+    assert {r["heads"] for r in rows if r["architecture"] == "mixer"} == {""}
+    for r in rows:
+        assert json.loads(r["config"])["d_model"] == int(r["d_model"])
+        assert isinstance(json.loads(r["library_versions"]), dict)
+    assert b"\r\n" not in (report.out / "runs.csv").read_bytes()
+
+
+def test_completions_decode_whole_characters(tmp_path):
+    """A model that emits a lone UTF-8 lead byte: the completion drops it instead of printing U+FFFD."""
+    import torch
+
+    from ablate.data import get_tokenizer
+    from ablate.generate import complete
+    from ablate.spec import DatasetRef, TokenizerRef
+
+    tok = get_tokenizer(TokenizerRef(vocab_size=300), DatasetRef(source="ablate:tinystories-sample"), tmp_path, False)
+    lead = tok.convert_tokens_to_ids("â")  # byte 0xE2 alone: the start of a 3-byte character
+    word = tok("T", add_special_tokens=False)["input_ids"][0]
+    assert "\ufffd" in tok.decode([word, lead])  # what the old token-by-token decode showed
+
+    class Emits(torch.nn.Module):
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (1, T) -> (1, T, V)
+            logits = torch.zeros(1, ids.shape[1], len(tok))
+            logits[0, -1, word if ids.shape[1] % 2 else lead] = 1.0
+            return logits
+
+    text = complete(Emits(), tok, "Once upon a time", context=64, max_new=6)
+    assert text == "TTT"  # T, 0xE2, T, 0xE2, T, 0xE2: the lone bytes are dropped
