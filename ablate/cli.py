@@ -470,8 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--checkpoint-every", type=float, default=600.0, help="seconds between checkpoints")
     r.add_argument("--memory-cap-mb", type=float, default=None, help="treat peak memory above this as OOM")
     r.add_argument("--threads", type=int, default=None,
-                   help="torch threads per trainer (default: this machine's cores / trials at once; "
-                        "1 on a machine other jobs share)")
+                   help="torch threads per trainer (default: the cores other jobs leave free / trials at once)")
     r = ssub.add_parser("status", parents=[common], help="table of a sweep's runs")
     r.add_argument("name")
     r = ssub.add_parser("cancel", parents=[common], help="cancel waiting runs and stop running ones (checkpointed)")
@@ -484,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", type=int, default=1, help="trials at once here, each asking the shared study (default 1)")
     r.add_argument("--n-trials", type=int, default=None, help="trials the study should hold (default: the spec's)")
     r.add_argument("--seed", type=int, default=None, help="sampler seed (default: from the spec name)")
-    r.add_argument("--threads", type=int, default=None, help="torch threads per trainer (default: cores / workers)")
+    r.add_argument("--threads", type=int, default=None, help="torch threads per trainer (default: free cores / workers)")
     r.add_argument("--artifacts", default="results/artifacts", help="token caches, tokenizers, checkpoints, logs")
     r.add_argument("--checkpoint-every", type=float, default=600.0, help="seconds between checkpoints")
     r.add_argument("--memory-cap-mb", type=float, default=None, help="treat peak memory above this as OOM")

@@ -80,7 +80,7 @@ def test_killed_trial_is_resumed_by_the_next_sweep_without_duplicate_metrics(pre
     from flows.sweep import sweep
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    steps = 3000  # long enough (~10 s here) that the kill lands mid-run on a fast idle machine too
+    steps = 3000  # long enough that the kill lands mid-run on a fast idle machine too; ~45 s in all, idle
     spec = smoke_spec(tmp_path, steps=steps)
     spec_data = yaml.safe_load(spec.read_text())
     spec_data["grid"] = [{"architecture": "mixer", "d_model": 32}]
@@ -88,7 +88,7 @@ def test_killed_trial_is_resumed_by_the_next_sweep_without_duplicate_metrics(pre
     _, _, (run_id,) = runner.register(spec, url)
     art = tmp_path / "art"
     # a trainer started as the runner would, killed once it has a checkpoint and metrics past it
-    opts = runner.RunOptions(db_url=url, artifacts=art, checkpoint_every=1.0)
+    opts = runner.RunOptions(db_url=url, artifacts=art, checkpoint_every=1.0, threads=1)
     db.mark_running(db.connect(url), run_id)
     proc = subprocess.Popen(runner.trainer_command(runner.TrialConfig.model_validate(db.get_run(db.connect(url), run_id).config), run_id, opts))
     db.update_run(db.connect(url), run_id, pid=proc.pid)
