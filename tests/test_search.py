@@ -266,8 +266,11 @@ def test_search_flow_prunes_and_a_stopped_study_finishes_only_what_is_left(prefe
     from ablate.results import read_only_query
     from flows.search import search as search_flow
 
-    # seed 4: trials 0 and 1 draw good learning rates (the median pruner's startup trials), 2 and 5 tiny ones
-    spec = write_spec(tmp_path, tiny(n_trials=3))
+    # seed 4: trials 0 and 1 draw good learning rates (the median pruner's startup trials), 2 and 5 tiny ones.
+    # 300 steps: a trial must still be training when the pruner reads its first eval (20 steps finished in
+    # less than one poll on an idle machine, and nothing was pruned)
+    budget = {"steps": 300, "hardware": "cpu"}
+    spec = write_spec(tmp_path, tiny(n_trials=3, budget=budget))
     kwargs = {"spec": str(spec), "db_url": sqlite_url, "artifacts": str(artifacts), "seed": 4, "poll_seconds": 0.2}
     first = search_flow(**kwargs)
     assert sorted(first) == [0, 1, 2]
@@ -275,7 +278,7 @@ def test_search_flow_prunes_and_a_stopped_study_finishes_only_what_is_left(prefe
     assert len(before) == 3
 
     # the study was stopped after 3 trials; asked for 6, it runs trials 3, 4, 5 and leaves 0, 1, 2 alone
-    spec.write_text(yaml.safe_dump(tiny(n_trials=6)))
+    spec.write_text(yaml.safe_dump(tiny(n_trials=6, budget=budget)))
     second = search_flow(**kwargs)
     assert sorted(second) == [3, 4, 5]
     runs = runs_of(sqlite_url)
