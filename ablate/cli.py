@@ -272,8 +272,10 @@ def _sweep_run(args: argparse.Namespace) -> int:
     # errors before any Prefect start-up
     spec, _, ids = runner.register(args.spec, args.db, max_trials=args.max_trials, say=console.print)
     engine = db.connect(args.db)
-    console.print(f"sweep {spec.name}: {len(ids)} trials, {spec.budget.describe()} each; results in "
-                  f"{db._describe(str(engine.url))}")
+    # measured now, before the local Prefect server starts (it would count as another job)
+    threads = args.threads or runner.default_threads(max(1, args.gpu_slots // spec.budget.gpus), spec.budget.gpus)
+    console.print(f"sweep {spec.name}: {len(ids)} trials, {spec.budget.describe()} each, {threads} thread(s) per "
+                  f"trainer; results in {db._describe(str(engine.url))}")
     from flows.sweep import sweep as sweep_flow
 
     done = threading.Event()
@@ -290,7 +292,7 @@ def _sweep_run(args: argparse.Namespace) -> int:
             result["statuses"] = sweep_flow(spec=str(args.spec), db_url=args.db, artifacts=str(args.artifacts),
                                             gpu_slots=args.gpu_slots, retry_failed=args.retry_failed,
                                             checkpoint_every=args.checkpoint_every, memory_cap_mb=args.memory_cap_mb,
-                                            threads=args.threads)
+                                            threads=threads)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             result["error"] = exc
         finally:

@@ -48,11 +48,29 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
-def busy_cores() -> int:
-    """Cores other jobs keep busy now (the 1-minute load average), at most all but one."""
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat (Linux)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
+def busy_cores(sample_seconds: float = 0.5) -> int:
+    """Cores other jobs keep busy right now, at most all but one: measured over a short sample of
+    /proc/stat (the 1-minute load average would still count a pip install that just ended)."""
+    before = _cpu_times()
+    if before is not None:
+        time.sleep(sample_seconds)
+        after = _cpu_times()
+        if after is not None and after[1] > before[1]:
+            share = (after[0] - before[0]) / (after[1] - before[1])
+            return min(host_cores() - 1, int(share * (os.cpu_count() or 1) + 0.5))
     try:
         load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # not available here
+    except (AttributeError, OSError):  # neither is available here
         return 0
     return min(host_cores() - 1, int(load + 0.5))
 
@@ -62,6 +80,7 @@ def default_threads(concurrent: int, processes_per_trial: int = 1) -> int:
 
     torch's default (every core) collapses on a shared host: busy threads wait on each other (measured
     on 2 cores beside a 2-process job: 18 steps in 20 s with 2 threads, 151 with 1, 262 idle with 2).
+    Call it before this process starts helpers of its own (the local Prefect server), which would count.
     """
     free = host_cores() - busy_cores()
     return max(1, free // max(1, concurrent * processes_per_trial))

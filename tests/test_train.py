@@ -258,13 +258,27 @@ def test_the_runner_gives_each_trainer_its_share_of_the_free_cores(monkeypatch):
     from ablate import runner
 
     monkeypatch.setattr(runner, "host_cores", lambda: 16)
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.0, 0.0))  # an idle host
+    monkeypatch.setattr(runner, "busy_cores", lambda: 0)  # an idle host
     assert runner.default_threads(1) == 16 and runner.default_threads(2) == 8
     assert runner.default_threads(4, processes_per_trial=4) == 1
-    monkeypatch.setattr(os, "getloadavg", lambda: (6.4, 0.0, 0.0))  # other jobs keep 6 cores busy
+    monkeypatch.setattr(runner, "busy_cores", lambda: 6)  # other jobs keep 6 cores busy
     assert runner.default_threads(1) == 10 and runner.default_threads(3) == 3
-    monkeypatch.setattr(os, "getloadavg", lambda: (40.0, 0.0, 0.0))  # overloaded: one thread, never none
+    monkeypatch.setattr(runner, "busy_cores", lambda: 15)  # overloaded: one thread, never none
     assert runner.default_threads(1) == 1
+
+
+def test_busy_cores_sees_a_job_that_keeps_a_core_busy():
+    from ablate import runner
+
+    if runner.host_cores() < 2:
+        pytest.skip("needs two cores")
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        assert runner.busy_cores() >= 1
+    finally:
+        spinner.kill()
+        spinner.wait()
     command = runner.trainer_command(make_trial(), 7, runner.RunOptions(threads=3))
     assert command[command.index("--threads") + 1] == "3"
     assert "--threads" not in runner.trainer_command(make_trial(), 7, runner.RunOptions())
