@@ -24,7 +24,7 @@ def ablate(*argv: str) -> subprocess.CompletedProcess:
 def test_plan_lists_trials_and_total_budget(capsys):
     assert main(["plan", SMOKE]) == 0
     out = capsys.readouterr().out
-    assert "4 trials" in out and "wall clock 20s on 1x cpu" in out and "total on 1x cpu: 1m20s" in out
+    assert "4 trials" in out and "wall clock 15s on 1x cpu" in out and "total on 1x cpu: 1m00s" in out
 
 
 def test_user_error_exits_2_with_a_message_and_no_traceback(tmp_path):
@@ -91,8 +91,8 @@ def test_documented_views_answer_the_common_questions(db_url, capsys):
         ids = conn.execute(sa.select(db.Run.id).order_by(db.Run.id)).scalars().all()
     for rid, loss in zip(ids, (3.0, 2.5, 2.8, 2.9)):
         db.update_run(engine, rid, status="completed", final_eval_loss=loss)
-        db.write_metrics(engine, rid, [dict(step=s, split="eval", elapsed_seconds=s, tokens=s * 10, loss=loss + 1 - s / 20,
-                                            lr=None) for s in (5, 10, 20)])
+        db.write_metrics(engine, rid, [dict(step=int(4 * s), split="eval", elapsed_seconds=s, tokens=int(40 * s), loss=loss + 1 - s / 15,
+                                            lr=None) for s in (3.75, 7.5, 15)])
     capsys.readouterr()
     assert main(["sql", "SELECT architecture, d_model, final_eval_loss FROM best_runs ORDER BY architecture",
                  "--db", db_url, "--format", "json"]) == 0
@@ -100,7 +100,7 @@ def test_documented_views_answer_the_common_questions(db_url, capsys):
         {"architecture": "llama", "d_model": 64, "final_eval_loss": 2.8},
         {"architecture": "mixer", "d_model": 128, "final_eval_loss": 2.5}]
     assert main(["sql", "SELECT run_id, loss FROM eval_curve WHERE budget_fraction = 0.5 ORDER BY run_id",
-                 "--db", db_url, "--format", "json"]) == 0  # smoke budget: 20 s, so 10 s is half
+                 "--db", db_url, "--format", "json"]) == 0  # smoke budget: 15 s, so 7.5 s is half
     rows = json.loads(capsys.readouterr().out)
     assert [r["loss"] for r in rows] == [3.5, 3.0, 3.3, 3.4]
     assert main(["sql", "SELECT count(*) AS n FROM run_results WHERE sweep = 'smoke'", "--db", db_url,

@@ -50,7 +50,7 @@ def test_axes_are_typed_columns_usable_in_sql(db_url):
         n = conn.execute(sa.text("SELECT count(*) FROM runs WHERE d_model >= 128 AND lr < 0.01")).scalar()
         config = conn.execute(sa.select(db.Run.config).where(db.Run.id == ids[0])).scalar()
     assert n == 2
-    assert config["architecture"] == trials[0].architecture and config["budget"]["wall_clock"] == "20s"
+    assert config["architecture"] == trials[0].architecture and config["budget"]["wall_clock"] == "15s"
 
 
 def test_metric_points_are_never_duplicated(db_url):
