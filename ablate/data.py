@@ -8,6 +8,7 @@ corpus x tokenizer x context x packing and shared by every trial and process (fi
 
 from __future__ import annotations
 
+import contextlib
 import glob as globlib
 import json
 import os
@@ -82,10 +83,14 @@ def embedded_text(source: str, cache: Path | None = None) -> str:
         raise AblateError(f"dataset.source: the embedded corpus {packed} is damaged (sha256 differs from "
                           f"{corpus.sha256[:12]}…); reinstall ablate")
     if target is not None:
-        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, target)  # a reader never sees a partial file; a damaged one is unpacked again
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(data)
+            os.replace(tmp, target)  # a reader never sees a partial file; a damaged one is unpacked again
+        except OSError:  # a full or read-only disk: the cache only saves time, so go on from memory
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
     return data.decode("utf-8")
 
 

@@ -171,3 +171,10 @@ def test_embedded_tinystories_splits_train_and_eval_by_story_deterministically(t
     assert len(held) == 200 and not set(held["text"]) & set(train["text"])
     everything = load_documents(ref("ablate:tinystories"), cache=tmp_path)["text"]
     assert list(train["text"]) + list(held["text"]) == list(everything)  # whole stories, in order: the last 200 are held out
+
+
+def test_embedded_corpus_reads_from_memory_when_its_cache_cannot_be_written(tmp_path):
+    blocked = tmp_path / "art"
+    blocked.write_text("a file where the artifacts folder should be")  # mkdir under it fails
+    docs = load_documents(ref("ablate:tinystories"), cache=blocked)
+    assert len(docs) > 6000 and not list(tmp_path.glob("**/*.tmp"))
