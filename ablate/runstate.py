@@ -112,6 +112,7 @@ class Progress:
     grad_accum: int = 1
     open_interval: tuple[float, float] = (0.0, 0.0)  # (loss sum, tokens) since the last train log
     notes: dict[str, Any] = field(default_factory=dict)
+    rows: int = 0  # training rows of the corpus: epochs = samples / rows
 
 
 def rng_state() -> dict[str, Any]:

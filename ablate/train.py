@@ -79,7 +79,6 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
 
     prepared = data_mod.prepare(trial.dataset, trial.tokenizer, trial.context, settings.artifacts,
                                 progress=settings.progress and dist_.is_main)
-    train_rows = max(len(prepared.train), 1)
     fam = models.family(trial.architecture)
     model = objectives.model_for(trial, prepared.vocab_size).to(device)
     params = sum(p.numel() for p in model.parameters())
@@ -126,6 +125,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
         recorder.forget_after(progress.step)
         resumed = True
 
+    progress.rows = len(prepared.train)  # epochs = samples / rows (a checkpoint from before this field lacks it)
     batches = Batches(prepared.train, trial.seed, dist_)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     clock = bud.Clock(sync=sync, elapsed=progress.elapsed)
@@ -292,8 +292,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     except Exception as exc:  # noqa: BLE001 - recorded, then re-raised for the runner
         clock.stop()
         status, error = "failed", "".join(traceback.format_exception(exc))[-4000:]
-        _finalize(recorder, status, error, progress, clock, device, params, flops_per_token, device_name, None, None,
-                  train_rows=train_rows)
+        _finalize(recorder, status, error, progress, clock, device, params, flops_per_token, device_name, None, None)
         raise
     finally:
         if previous_handler is not None:
@@ -304,12 +303,10 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     if status == "preempted":
         _checkpoint(ckpt_path, model, optimizer, scaler, progress, clock, recorder, dist_,
                                 (interval_sum, interval_count))
-        return _finalize(recorder, status, None, progress, clock, device, params, flops_per_token, device_name,
-                         None, None, train_rows=train_rows)
+        return _finalize(recorder, status, None, progress, clock, device, params, flops_per_token, device_name, None, None)
     if status == "diverged":
         recorder.flush()
-        return _finalize(recorder, status, error, progress, clock, device, params, flops_per_token, device_name,
-                         None, None, train_rows=train_rows)
+        return _finalize(recorder, status, error, progress, clock, device, params, flops_per_token, device_name, None, None)
 
     with clock.paused("eval"):
         final_eval = evaluate(wrapped, prepared.eval, trial, device, dist_, loss_fn, None)
@@ -323,9 +320,9 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
             prepared.save_tokenizer(ckpt_path.parent / "tokenizer")
     if not math.isfinite(final_eval):
         return _finalize(recorder, "diverged", f"eval loss {final_eval}", progress, clock, device, params,
-                         flops_per_token, device_name, final_train, final_eval, train_rows=train_rows)
+                         flops_per_token, device_name, final_train, final_eval)
     return _finalize(recorder, "completed", None, progress, clock, device, params, flops_per_token, device_name,
-                     final_train, final_eval, train_rows=train_rows)
+                     final_train, final_eval)
 
 
 def _shrink(trial: TrialConfig, progress: Progress, optimizer: Any, device: torch.device) -> bool:
@@ -424,8 +421,7 @@ def _finish_oom(recorder: Recorder, trial: TrialConfig, progress: Progress, cloc
 
 def _finalize(recorder: Recorder, status: str, error: str | None, progress: Progress, clock: bud.Clock,
               device: torch.device, params: int | None, flops_per_token: float | None, device_name: str | None,
-              final_train: float | None, final_eval: float | None, peak: float | None = None,
-              train_rows: int | None = None) -> dict[str, Any]:
+              final_train: float | None, final_eval: float | None, peak: float | None = None) -> dict[str, Any]:
     recorder.flush()
     seconds = clock.elapsed()
     tps = progress.tokens / seconds if seconds > 0 else None
@@ -436,7 +432,7 @@ def _finalize(recorder: Recorder, status: str, error: str | None, progress: Prog
         checkpoint_seconds=clock.meters.get("checkpoint", 0.0), compile_seconds=clock.meters.get("compile", 0.0),
         data_wait_fraction=(clock.meters.get("data", 0.0) / seconds) if seconds > 0 else None,
         tokens_per_second=tps, final_train_loss=final_train, final_eval_loss=final_eval,
-        epochs=progress.samples / train_rows if train_rows else None,
+        epochs=progress.samples / progress.rows if progress.rows else None,
         peak_memory_mb=peak if peak is not None else peak_memory_mb(device),
         mfu=(tps * flops_per_token / peak_flops) if (tps and flops_per_token and peak_flops) else None,
         notes={"meters": bud.summarize_meters(clock), **progress.notes} or None,

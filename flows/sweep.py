@@ -34,10 +34,11 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
           memory_cap_mb: float | None = None, threads: int | None = None) -> dict[int, str]:
     """Run every trial of a sweep file that is not finished yet; returns {run id: status}.
 
-    `threads`: torch threads per trainer process; default, this host's cores shared by the trials at once.
+    `threads`: torch threads per trainer process; default, the cores other jobs leave free, shared by the
+    trials at once.
     """
     log = get_run_logger()
-    parsed, sweep_id, run_ids = runner.register(spec, db_url)
+    parsed, sweep_id, run_ids = runner.register(spec, db_url, say=log.info)
     engine = db.connect(db_url)
     todo = runner.runs_to_do(engine, sweep_id, run_ids, retry_failed=retry_failed)
     log.info("sweep %s: %d trials, %d to run", parsed.name, len(run_ids), len(todo))
