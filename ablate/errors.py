@@ -28,3 +28,9 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 def one_of(choices: Iterable[str]) -> str:
     return ", ".join(repr(c) for c in sorted(choices))
+
+
+def show(value: object, limit: int = 80) -> str:
+    """repr(value), cut short: an error message must not echo a huge value back."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -15,13 +15,13 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 
 from ablate import models
-from ablate.errors import AblateError, SpecError, did_you_mean, one_of
+from ablate.errors import SpecError, did_you_mean, one_of, show
 
 MAX_TRIALS = 10_000
 OBJECTIVES = ("clm", "bidirectional", "multi_token", "autoencoder", "one_step")
@@ -39,6 +39,48 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# ---------------------------------------------------------------- numbers
+
+INT32_MAX = 2**31 - 1  # the runs table keeps trial integers (d_model, seed, ...) in 32-bit INTEGER columns
+
+
+def _whole_number(value: Any) -> Any:
+    """Refuse what pydantic's lax mode would turn into an int: true/false (-> 1/0) and quoted text ('128')."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a whole number, not {str(value).lower()}")
+    if isinstance(value, str):
+        raise ValueError(f"must be a whole number, not the text {_show(value)}; write it without quotes")
+    return value
+
+
+def _fits_int32(value: int) -> int:
+    if not -INT32_MAX - 1 <= value <= INT32_MAX:
+        raise ValueError(f"{_show(value)} is too large: the results database stores it as a 32-bit integer, "
+                         f"at most {INT32_MAX} (2**31 - 1)")
+    return value
+
+
+def _real_number(value: Any) -> Any:
+    """Refuse true/false, which pydantic's lax mode reads as 1.0/0.0."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, not {str(value).lower()}")
+    return value
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError(f"must be a finite number, not {value}")
+    return value
+
+
+Whole = Annotated[int, BeforeValidator(_whole_number)]
+Int32 = Annotated[int, BeforeValidator(_whole_number), AfterValidator(_fits_int32)]  # a column of the runs table
+Real = Annotated[float, BeforeValidator(_real_number), AfterValidator(_finite)]
+
+
+_show = show
+
+
 # ---------------------------------------------------------------- budget
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)d)?\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*$")
@@ -48,13 +90,15 @@ _SI = {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12, "P": 
 def parse_duration(text: str | int | float) -> float:
     """'12h', '2h15m', '90s', '1.5h' or a number of seconds -> seconds."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        seconds = float(text)
+        seconds = _as_float(text)
     else:
         match = _DURATION.match(str(text))
         if not match or not any(match.groups()):
             raise ValueError(f"{text!r} is not a duration; write e.g. '12h', '2h15m', '45m' or '20s'")
         d, h, m, s = (float(g) if g else 0.0 for g in match.groups())
         seconds = d * 86400 + h * 3600 + m * 60 + s
+    if not math.isfinite(seconds):
+        raise ValueError(f"duration {_show(text)} is not a finite number of seconds; write e.g. '12h' or 3600")
     if seconds <= 0:
         raise ValueError(f"duration {text!r} must be positive")
     return seconds
@@ -63,7 +107,7 @@ def parse_duration(text: str | int | float) -> float:
 def parse_count(text: str | int | float) -> float:
     """'100M', '1.5B', '2e18' or a number -> a number."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value = float(text)
+        value = _as_float(text)
     else:
         match = re.match(r"^\s*([0-9.eE+-]+)\s*([kKMGBTP]?)\s*$", str(text))
         try:
@@ -71,21 +115,41 @@ def parse_count(text: str | int | float) -> float:
         except ValueError:
             value = math.nan
         if math.isnan(value):
-            raise ValueError(f"{text!r} is not a count; write e.g. 1000000, '100M' or '2e18'")
+            raise ValueError(f"{_show(text)} is not a count; write e.g. 1000000, '100M' or '2e18'")
+    if not math.isfinite(value):
+        raise ValueError(f"count {_show(text)} is not a finite number; write e.g. 1000000, '100M' or '2e18'")
     if value <= 0:
         raise ValueError(f"count {text!r} must be positive")
     return value
 
 
+def _as_float(number: int | float) -> float:
+    try:
+        return float(number)
+    except OverflowError:  # an int beyond float range, e.g. 10**400
+        return math.inf
+
+
 class Budget(Frozen):
     """How long each trial trains: exactly one of wall_clock, tokens, steps, flops."""
 
-    wall_clock: str | None = None
+    wall_clock: str | int | float | None = None  # '12h', '2h15m', or a number of seconds
     tokens: int | str | None = None
-    steps: int | None = None
+    steps: Int32 | None = None  # the runs table counts steps in a 32-bit column
     flops: float | str | None = None
     hardware: str = "cpu"
-    gpus: int = Field(1, ge=1, le=64)
+    gpus: Whole = Field(1, ge=1, le=64)
+
+    @field_validator("wall_clock", "tokens", "steps", "flops", mode="before")
+    @classmethod
+    def _amount(cls, value: Any, info: ValidationInfo) -> Any:
+        """A positive, finite amount (NaN, infinities, true/false refused here, under the field's name)."""
+        if value is None or (info.field_name == "steps" and isinstance(value, str)):
+            return value  # steps: Int32 refuses text itself
+        if isinstance(value, bool):
+            raise ValueError(f"must be an amount, not {str(value).lower()}; e.g. wall_clock: 12h, tokens: 100M, steps: 1000")
+        (parse_duration if info.field_name == "wall_clock" else parse_count)(value)
+        return value
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Budget:
@@ -94,14 +158,6 @@ class Budget(Frozen):
             raise ValueError(
                 f"give exactly one of wall_clock, tokens, steps, flops (got {given or 'none'}); e.g. wall_clock: 12h"
             )
-        if self.wall_clock is not None:
-            parse_duration(self.wall_clock)
-        if self.tokens is not None:
-            parse_count(self.tokens)
-        if self.flops is not None:
-            parse_count(self.flops)
-        if self.steps is not None and self.steps <= 0:
-            raise ValueError(f"steps must be positive, got {self.steps}")
         if not re.match(r"^[a-z0-9][a-z0-9_-]*$", self.hardware):
             raise ValueError(f"hardware {self.hardware!r} must be a lowercase name like 'rtx3060', 'v100' or 'cpu'")
         return self
@@ -124,6 +180,8 @@ class Budget(Frozen):
 
     def describe(self) -> str:
         value = getattr(self, self.kind)
+        if self.kind == "wall_clock" and not isinstance(value, str):
+            value = f"{value:g}s"
         return f"{self.kind.replace('_', ' ')} {value} on {self.gpus}x {self.hardware}"
 
 
@@ -132,8 +190,8 @@ class Budget(Frozen):
 
 class EvalSplit(Frozen):
     split: str | None = None  # a named split of the dataset
-    holdout: int | None = Field(None, gt=0)  # else: the last N documents of the training split
-    limit: int | None = Field(None, gt=0)  # at most this many eval documents
+    holdout: Whole | None = Field(None, gt=0)  # else: the last N documents of the training split
+    limit: Whole | None = Field(None, gt=0)  # at most this many eval documents
 
     @model_validator(mode="after")
     def _one_source(self) -> EvalSplit:
@@ -150,7 +208,7 @@ class DatasetRef(Frozen):
     split: str = "train"
     text_field: str = "text"
     format: Literal["auto", "text", "lines", "jsonl", "parquet", "arrow", "disk", "hub"] = "auto"
-    limit: int | None = Field(None, gt=0)
+    limit: Whole | None = Field(None, gt=0)
     eval: EvalSplit = EvalSplit(holdout=50)
     packing: Literal["pad", "concat"] = "pad"
 
@@ -158,9 +216,9 @@ class DatasetRef(Frozen):
 class TokenizerRef(Frozen):
     """Train a Llama-style BPE tokenizer of `vocab_size` on the corpus, or load `name` (hub id or path)."""
 
-    vocab_size: int | None = Field(4096, gt=0)
+    vocab_size: Whole | None = Field(4096, gt=0)
     name: str | None = None
-    train_documents: int | None = Field(None, gt=0)
+    train_documents: Whole | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _one_source(self) -> TokenizerRef:
@@ -170,8 +228,8 @@ class TokenizerRef(Frozen):
 
 
 class EvalPlan(Frozen):
-    at: tuple[float, ...] = (0.25, 0.5, 0.75)  # budget fractions with an eval (clock paused); a final eval always runs
-    batches: int | None = Field(None, gt=0)  # cap on batches per intermediate eval; final eval uses the whole split
+    at: tuple[Real, ...] = (0.25, 0.5, 0.75)  # budget fractions with an eval (clock paused); a final eval always runs
+    batches: Whole | None = Field(None, gt=0)  # cap on batches per intermediate eval; final eval uses the whole split
 
     @field_validator("at")
     @classmethod
@@ -186,12 +244,12 @@ class EvalPlan(Frozen):
 
 
 class MultiTokenOptions(Frozen):
-    n_tokens: int = Field(2, ge=2, le=16, description="tokens ahead, one chained pass each")
+    n_tokens: Whole = Field(2, ge=2, le=16, description="tokens ahead, one chained pass each")
 
 
 class OneStepOptions(Frozen):
-    split: float = Field(0.5, gt=0, lt=1, description="fraction of the window given; the rest is predicted")
-    mask_layer: int | None = Field(None, ge=1, description="blocks before the prediction half is masked; default layers // 2")
+    split: Real = Field(0.5, gt=0, lt=1, description="fraction of the window given; the rest is predicted")
+    mask_layer: Whole | None = Field(None, ge=1, description="blocks before the prediction half is masked; default layers // 2")
 
 
 class NoOptions(Frozen):
@@ -211,20 +269,20 @@ class TrialConfig(Frozen):
     options: dict[str, Any] = Field(default_factory=dict)
     objective: str = "clm"
     objective_options: dict[str, Any] = Field(default_factory=dict)
-    d_model: int = Field(gt=0)
-    layers: int = Field(gt=0)
-    heads: int | None = Field(None, gt=0)
-    kv_heads: int | None = Field(None, gt=0)
-    context: int = Field(gt=1)
-    lr: float = Field(gt=0, le=1)
-    batch_size: int = Field(gt=0)
-    grad_accum: int = Field(1, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    warmup: float = Field(0.02, ge=0, lt=1)  # fraction of budget
+    d_model: Int32 = Field(gt=0)
+    layers: Int32 = Field(gt=0)
+    heads: Int32 | None = Field(None, gt=0)
+    kv_heads: Int32 | None = Field(None, gt=0)
+    context: Int32 = Field(gt=1)
+    lr: Real = Field(gt=0, le=1)
+    batch_size: Int32 = Field(gt=0)
+    grad_accum: Int32 = Field(1, gt=0)
+    weight_decay: Real = Field(0.0, ge=0)
+    warmup: Real = Field(0.02, ge=0, lt=1)  # fraction of budget
     schedule: Literal["linear", "cosine", "wsd", "constant"] = "linear"
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     compile: bool | None = None  # None: on for GPU, off on CPU
-    seed: int = Field(0, ge=0)
+    seed: Int32 = Field(0, ge=0)
     mode: Literal["train", "memory_probe"] = "train"
     on_oom: Literal["record", "shrink"] = "record"
     dataset: DatasetRef
@@ -333,10 +391,10 @@ def fingerprint(data: Any) -> str:
 class SearchParam(Frozen):
     type: Literal["categorical", "float", "int"]
     choices: tuple[Any, ...] | None = None
-    low: float | None = None
-    high: float | None = None
+    low: Real | None = None
+    high: Real | None = None
     log: bool = False
-    step: float | None = None
+    step: Real | None = Field(None, gt=0)
     when: dict[str, Any] | None = None  # conditional: only sampled when these other parameters have these values
 
     @model_validator(mode="after")
@@ -356,7 +414,7 @@ class SearchBlock(Frozen):
     parameters: dict[str, SearchParam]
     sampler: Literal["tpe", "random", "grid", "cmaes"] = "tpe"
     pruner: Literal["median", "hyperband", "none"] = "median"
-    n_trials: int = Field(20, gt=0)
+    n_trials: Whole = Field(20, gt=0)
     direction: Literal["minimize"] = "minimize"
     objective: Literal["final_eval_loss"] = "final_eval_loss"
     base: dict[str, Any] = Field(default_factory=dict)  # trial fields fixed for the search, over defaults
@@ -402,9 +460,9 @@ class Reference(Frozen):
     """Published numbers for the trials matching `match` (axes; options as options.key)."""
 
     match: dict[str, Any]
-    train: float | None = None
-    eval: float | None = None
-    memory_mb: float | Literal["OOM"] | None = None
+    train: Real | None = None
+    eval: Real | None = None
+    memory_mb: Real | Literal["OOM"] | None = None
     source: str | None = None
 
     def matches(self, trial: TrialConfig) -> bool:
@@ -431,23 +489,23 @@ class PairsRef(Frozen):
     summary_field: str = "summary"
     text_field: str = "text"
     split: str = "train"
-    limit: int | None = Field(None, gt=0)
+    limit: Whole | None = Field(None, gt=0)
 
 
 class RetrievalReference(Frozen):
     match: dict[str, Any] = Field(default_factory=dict)
-    candidates: int = Field(gt=1)
-    eval: float
+    candidates: Whole = Field(gt=1)
+    eval: Real
 
 
 class RetrievalPlan(Frozen):
     """The retrieval stage after training: embed pairs with each completed run, train a retrieval model per c."""
 
     pairs: PairsRef
-    candidates: tuple[int, ...] = Field((32, 128), min_length=1)
-    index: int = Field(-2, description="token whose last hidden state embeds a text: -2 second-to-last, -1 last")
-    steps: int = Field(1000, gt=0, description="retrieval-model training steps per run and c")
-    lr: float = Field(1e-3, gt=0, le=1)
+    candidates: tuple[Whole, ...] = Field((32, 128), min_length=1)
+    index: Whole = Field(-2, description="token whose last hidden state embeds a text: -2 second-to-last, -1 last")
+    steps: Whole = Field(1000, gt=0, description="retrieval-model training steps per run and c")
+    lr: Real = Field(1e-3, gt=0, le=1)
     reference: list[RetrievalReference] = Field(default_factory=list)
 
     @field_validator("candidates")
@@ -514,7 +572,8 @@ def _pydantic_problems(exc: ValidationError, prefix: str = "", value_of: Any = N
                 "Input should be a valid dictionary", "must be a mapping of key: value"
             )
             shown = err.get("input")
-            show = "" if isinstance(shown, dict) else f" (got {shown!r})"
+            said = err["type"] == "value_error" and (_show(shown) in msg or str(shown).lower() in msg)
+            show = "" if isinstance(shown, dict) or said else f" (got {_show(shown)})"
             problems.append(f"{where}: {msg}{show}")
     return problems
 
@@ -524,8 +583,10 @@ def _model_at(model: Any, loc: tuple[Any, ...]) -> Any:
     import typing
 
     current = model
+    at_key = False  # the next part is a key of a dict-valued field (e.g. search.parameters.NAME), not a field
     for part in loc:
-        if isinstance(part, int):
+        if isinstance(part, int) or at_key:
+            at_key = False
             continue
         field = getattr(current, "model_fields", {}).get(part)
         if field is None:
@@ -534,6 +595,7 @@ def _model_at(model: Any, loc: tuple[Any, ...]) -> Any:
         candidates = [ann, *typing.get_args(ann)]
         for inner in list(candidates):
             candidates.extend(typing.get_args(inner))
+        at_key = any(typing.get_origin(c) is dict for c in candidates)
         current = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
         if current is None:
             return None
@@ -542,16 +604,10 @@ def _model_at(model: Any, loc: tuple[Any, ...]) -> Any:
 
 def load_spec(path: str | Path) -> SweepSpec:
     """Read and validate a sweep file; raises SpecError naming every problem."""
+    from ablate.specfile import read_yaml
+
     path = Path(path)
-    if not path.exists():
-        raise AblateError(f"{path}: no such sweep file (sweep files live in sweeps/*.yaml)")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError([f"not valid YAML{where}: {getattr(exc, 'problem', exc)}"], str(path)) from None
-    return parse_spec(data, source=str(path), base_dir=path.parent)
+    return parse_spec(read_yaml(path), source=str(path), base_dir=path.parent)
 
 
 def parse_spec(data: Any, source: str = "<spec>", base_dir: Path | None = None) -> SweepSpec:
@@ -612,9 +668,12 @@ def _resolve_local(dataset: dict[str, Any], base_dir: Path, must_exist: bool = T
 
 def _check_blocks(spec: SweepSpec) -> list[str]:
     problems = []
+    if not spec.grid:
+        problems.append("grid: an empty list expands to 0 trials; give at least one block, e.g. "
+                        "grid: [{d_model: [256, 512]}], or leave grid out to run the defaults as one trial")
     for where, block in [("defaults", spec.defaults)] + [(f"grid[{i}]", b) for i, b in enumerate(spec.grid)]:
         if not isinstance(block, dict):
-            problems.append(f"{where}: must be a mapping of trial fields (got {block!r})")
+            problems.append(f"{where}: must be a mapping of trial fields (got {_show(block)})")
             continue
         for key, value in block.items():
             if where != "defaults" and key in ("zip", "seeds"):
@@ -624,9 +683,13 @@ def _check_blocks(spec: SweepSpec) -> list[str]:
             elif key not in GRID_FIELDS:
                 problems.append(f"{where}: unknown key '{key}'{did_you_mean(key, GRID_FIELDS + ('zip', 'seeds'))}; trial fields are {one_of(GRID_FIELDS)}")
             elif key == "options" and not isinstance(value, dict):
-                problems.append(f"{where}.options: must be a mapping of option: value (got {value!r})")
+                problems.append(f"{where}.options: must be a mapping of option: value (got {_show(value)})")
         if where == "defaults":
             continue
+        for key, values in _axes_of(block) if isinstance(block.get("options", {}), dict) else ():
+            if values == []:
+                problems.append(f"{where}.{key}: an empty list expands to 0 trials; give at least one value, "
+                                f"or leave {key} out to use the default")
         if "zip" in block:
             z = block["zip"]
             if not isinstance(z, dict) or not z or not all(isinstance(v, list) for v in z.values()):
@@ -634,6 +697,8 @@ def _check_blocks(spec: SweepSpec) -> list[str]:
             elif len({len(v) for v in z.values()}) != 1:
                 lens = {k: len(v) for k, v in z.items()}
                 problems.append(f"{where}.zip: lists that move together must have equal lengths (got {lens})")
+            elif not next(iter(z.values())):
+                problems.append(f"{where}.zip: empty lists expand to 0 trials; give each axis at least one value")
             else:
                 for key in z:
                     if key not in GRID_FIELDS:
@@ -643,10 +708,14 @@ def _check_blocks(spec: SweepSpec) -> list[str]:
         if "seeds" in block:
             s = block["seeds"]
             ok = (isinstance(s, int) and not isinstance(s, bool) and s > 0) or (
-                isinstance(s, list) and s and all(isinstance(x, int) for x in s) and len(set(s)) == len(s)
+                isinstance(s, list) and s and all(isinstance(x, int) and not isinstance(x, bool) for x in s)
+                and len(set(s)) == len(s)
             )
-            if not ok:
-                problems.append(f"{where}.seeds: must be a positive count or a list of distinct integer seeds (got {s!r})")
+            if s == []:
+                problems.append(f"{where}.seeds: an empty list expands to 0 trials; give a count (seeds: 3) "
+                                "or a list of distinct seeds")
+            elif not ok:
+                problems.append(f"{where}.seeds: must be a positive count or a list of distinct integer seeds (got {_show(s)})")
     return problems
 
 
@@ -679,6 +748,8 @@ def count_trials(spec: SweepSpec) -> int:
 def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_TRIALS) -> list[TrialConfig]:
     """All trials of the sweep, in grid order, duplicates (same fingerprint) removed."""
     n = count_trials(spec)
+    if n == 0:
+        raise SpecError(["grid: expands to 0 trials; give every axis at least one value"], source)
     if n > max_trials:
         raise SpecError(
             [f"grid: expands to {n:,} trials, over the limit of {max_trials:,}; narrow the grid or pass --max-trials {n}"],
@@ -711,7 +782,8 @@ def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_T
                     try:
                         trial = TrialConfig(**values, **sweep_level)
                     except ValidationError as exc:
-                        label = ", ".join(f"{k}={values[k]}" for k in ("architecture", "d_model", "heads") if k in values)
+                        label = ", ".join(f"{k}={str(values[k])[:24]}" for k in ("architecture", "d_model", "heads")
+                                          if k in values)
                         for err in exc.errors():
                             key = str(err["loc"][0]) if err["loc"] else _field_named_by(err["msg"])
                             where = origin.get(key, f"grid[{i}]") + "".join(
@@ -724,7 +796,7 @@ def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_T
                                 msg = err["msg"].removeprefix("Value error, ")
                                 inp = err.get("input")
                                 if not isinstance(inp, dict) and err["type"] != "value_error":
-                                    msg += f" (got {inp!r})"
+                                    msg += f" (got {_show(inp)})"
                             problems.append(f"{where}: {msg} [trial {label}]")
                         continue
                     fp = trial.fingerprint()
@@ -735,10 +807,43 @@ def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_T
         raise SpecError(list(dict.fromkeys(problems)), source)
     for j, ref in enumerate(spec.reference):
         if not any(ref.matches(t) for t in trials):
-            problems.append(f"reference[{j}].match: {ref.match} matches no trial of the grid; check the axis names and values")
+            problems.append(f"reference[{j}].match: {_show(ref.match)} matches no trial of the grid; "
+                            "check the axis names and values")
+    problems += _check_report_axes(spec, trials)
     if problems:
         raise SpecError(problems, source)
     return trials
+
+
+def report_axes(spec: SweepSpec, trials: list[TrialConfig]) -> set[str]:
+    """The axis names reports can group, filter and order by: those of TrialConfig.axes() for these trials,
+    and for a search the options its parameters (or its architecture choices) can bring in."""
+    known = set(AXIS_FIELDS)
+    for trial in trials:
+        known.update(trial.axes())
+    if spec.search is not None:
+        known.update(n for n in spec.search.parameters if n.startswith(("options.", "objective_options.")))
+        arch = spec.search.parameters.get("architecture")
+        for name in (arch.choices or ()) if arch is not None else ():
+            cls = models.options_model(name) if isinstance(name, str) and name in models.FAMILIES else None
+            known.update(f"options.{k}" for k in getattr(cls, "model_fields", {}))
+    return known
+
+
+def _check_report_axes(spec: SweepSpec, trials: list[TrialConfig]) -> list[str]:
+    """Unknown axis names in report tables and orderings: a typo there would silently match nothing."""
+    known = report_axes(spec, trials)
+    named: list[tuple[str, str]] = []
+    for i, table in enumerate(spec.report.tables):
+        named += [(f"report.tables[{i}].group_by", n) for n in table.group_by]
+        named += [(f"report.tables[{i}].columns", table.columns)]
+        named += [(f"report.tables[{i}].where", n) for n in table.where]
+    for j, order in enumerate(spec.report.orderings):
+        for part in ("better", "worse"):
+            named += [(f"report.orderings[{j}].{part}", n) for n in getattr(order, part)]
+        named += [(f"report.orderings[{j}].at", n) for n in order.at]
+    return [f"{where}: '{name}' is not an axis of this sweep's trials{did_you_mean(name, known)}; axes: {one_of(known)}"
+            for where, name in named if name not in known]
 
 
 def _field_named_by(message: str) -> str:
