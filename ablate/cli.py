@@ -127,11 +127,33 @@ def _search_range(param: Any) -> str:
 
 @command("sql")
 def cmd_sql(args: argparse.Namespace) -> int:
-    from ablate.results import read_only_query
+    from ablate.results import DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_SECONDS, read_only_query
 
-    columns, rows = read_only_query(args.query, args.db)
+    timeout = _sql_limit(args.timeout, "--timeout", "ABLATE_SQL_TIMEOUT", DEFAULT_TIMEOUT_SECONDS, float)
+    max_rows = int(_sql_limit(args.max_rows, "--max-rows", "ABLATE_SQL_MAX_ROWS", DEFAULT_MAX_ROWS, int))
+    columns, rows = read_only_query(args.query, args.db, max_rows=max_rows, timeout_seconds=timeout)
     print_rows(columns, rows, args.format)
     return 0
+
+
+def _sql_limit(value: float | None, flag: str, env: str, default: float, kind: type) -> float:
+    """A limit of `ablate sql`: the flag, else the environment variable, else the default; 0 means none."""
+    import os
+
+    where = f"{flag} {value:g}" if value is not None else ""
+    if value is None:
+        text = os.environ.get(env, "").strip()
+        if not text:
+            return default
+        where = f"{env}={text}"
+        try:
+            value = kind(text)
+        except ValueError:
+            raise AblateError(f"{where} is not a {'whole ' if kind is int else ''}number; write e.g. {env}={default:g} "
+                              "(0: no limit)") from None
+    if value < 0:
+        raise AblateError(f"{where} is negative; give {flag} or {env} a number >= 0 (0: no limit)")
+    return value
 
 
 def print_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str) -> None:
@@ -160,7 +182,8 @@ def print_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str) 
 def cmd_db(args: argparse.Namespace) -> int:
     from ablate import db
 
-    engine = db.connect(args.db, upgrade=False)
+    # `current` only reads: it never creates the database
+    engine = db.connect(args.db, upgrade=False) if args.db_command == "upgrade" else db.make_engine(args.db, read_only=True)
     before = db.current_revision(engine)
     if args.db_command == "upgrade":
         after = db.upgrade_schema(engine)
@@ -204,13 +227,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     if args.sweep_command == "run":
         return _sweep_run(args)
-    engine = db.connect(args.db)
-    if args.sweep_command == "status":
+    if args.sweep_command == "status":  # reading: never creates or migrates a database
+        engine = db.reader(args.db)
         runs = runner.sweep_runs(engine, args.name)
         console.print(runs_table(engine, runs, title=f"sweep {args.name}"))
         return 0
     if args.sweep_command == "cancel":
-        pending, signalled = runner.cancel(engine, args.name)
+        pending, signalled = runner.cancel(db.connect(args.db), args.name)
         console.print(f"sweep {args.name}: {pending} waiting runs cancelled, {signalled} running trainers stopped")
         return 0
     raise AssertionError(args.sweep_command)
@@ -259,19 +282,18 @@ def runs_table(engine: Any, runs: Sequence[Any], title: str = "") -> Table:
 def _sweep_run(args: argparse.Namespace) -> int:
     """Run the `sweep` flow in-process (Prefect's ephemeral API) with a live table of runs."""
     import os
+    import signal
     import threading
-    import time
 
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the live table is the display
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from a lab machine
     os.environ.setdefault("DO_NOT_TRACK", "1")  # nor from the client, whose first-run notice would print over the table
-    from rich.live import Live
-
     from ablate import db, runner
 
     # errors before any Prefect start-up
     spec, _, ids = runner.register(args.spec, args.db, max_trials=args.max_trials, say=console.print)
     engine = db.connect(args.db)
+    os.environ["ABLATE_DB_URL"] = db.resolve_url(args.db)  # for the flow and its trainers, which get db_url=None
     # measured now, before the local Prefect server starts (it would count as another job)
     threads = args.threads or runner.default_threads(max(1, args.gpu_slots // spec.budget.gpus), spec.budget.gpus)
     console.print(f"sweep {spec.name}: {len(ids)} trials, {spec.budget.describe()} each, {threads} thread(s) per "
@@ -289,7 +311,8 @@ def _sweep_run(args: argparse.Namespace) -> int:
 
     def work() -> None:
         try:
-            result["statuses"] = sweep_flow(spec=str(args.spec), db_url=args.db, artifacts=str(args.artifacts),
+            # the URL goes by environment, not as a flow parameter (Prefect stores those in plain text)
+            result["statuses"] = sweep_flow(spec=str(args.spec), db_url=None, artifacts=str(args.artifacts),
                                             gpu_slots=args.gpu_slots, retry_failed=args.retry_failed,
                                             checkpoint_every=args.checkpoint_every, memory_cap_mb=args.memory_cap_mb,
                                             threads=threads)
@@ -300,19 +323,17 @@ def _sweep_run(args: argparse.Namespace) -> int:
 
     worker = threading.Thread(target=work, daemon=True)
     worker.start()
-    if console.is_terminal:
-        with Live(render(), console=console, refresh_per_second=2) as live:
-            while not done.wait(1.0):
-                live.update(render())
-            live.update(render())
-    else:
-        last = ""
-        while not done.wait(5.0):
-            line = " ".join(f"{r.id}:{r.status}" for r in runner.sweep_runs(engine, spec.name))
-            if line != last:
-                console.print(f"[{time.strftime('%H:%M:%S')}] {line}")
-                last = line
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the sweep as cleanly as Ctrl-C
+    try:
+        _watch(render, done, engine, spec.name)
+    except KeyboardInterrupt:
+        runner.STOP.set()  # run_trial SIGTERMs its trainer (checkpoint, `preempted`); no new trial starts
+        err_console.print("stopping: running trainers checkpoint and stop (Ctrl-C again to abandon them)...")
+        done.wait(runner.STOP_GRACE_SECONDS)
         console.print(render())
+        err_console.print(f"sweep {spec.name} stopped; resume it with: ablate sweep run {args.spec}"
+                          + (f" --db {db.redact(args.db)}" if args.db else ""))
+        return 130
     worker.join()
     if "error" in result:
         raise result["error"]
@@ -320,6 +341,33 @@ def _sweep_run(args: argparse.Namespace) -> int:
     bad = [s for s in statuses if s in ("failed", "preempted")]
     console.print(f"sweep {spec.name}: " + ", ".join(f"{statuses.count(s)} {s}" for s in sorted(set(statuses))))
     return 1 if bad else 0
+
+
+def _interrupt(*_: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _watch(render: Callable[[], Table], done: Any, engine: Any, name: str) -> None:
+    """The live table on a terminal; otherwise a status line whenever it changes, then the table."""
+    import time
+
+    from rich.live import Live
+
+    from ablate import runner
+
+    if console.is_terminal:
+        with Live(render(), console=console, refresh_per_second=2) as live:
+            while not done.wait(1.0):
+                live.update(render())
+            live.update(render())
+        return
+    last = ""
+    while not done.wait(5.0):
+        line = " ".join(f"{r.id}:{r.status}" for r in runner.sweep_runs(engine, name))
+        if line != last:
+            console.print(f"[{time.strftime('%H:%M:%S')}] {line}")
+            last = line
+    console.print(render())
 
 
 @command("search")
@@ -379,9 +427,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     formats = tuple(f.strip() for f in args.format.split(","))
     out = Path(args.out) if args.out else None
     if args.compare:
-        report = build_comparison([args.sweep, *args.compare], args.db, out, formats=formats)
+        report = build_comparison([args.sweep, *args.compare], args.db, out, formats=formats, artifacts=args.artifacts)
     else:
-        report = build_report(args.sweep, args.db, out, formats=formats)
+        report = build_report(args.sweep, args.db, out, formats=formats, artifacts=args.artifacts)
     for table in report.tables:
         console.print(escape(table.markdown()))
         console.print()
@@ -396,7 +444,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from ablate.generate import complete, load_run_model
 
-    trial, model, tokenizer = load_run_model(args.run, args.db)
+    trial, model, tokenizer = load_run_model(args.run, args.db, args.artifacts)
     text = complete(model, tokenizer, args.prompt, trial.context, args.max_new, args.top_k, args.temperature, args.seed)
     console.print(f"[bold]{escape(args.prompt)}[/]" + escape(text))
     return 0
@@ -409,7 +457,7 @@ def cmd_retrieval(args: argparse.Namespace) -> int:
     from ablate.retrieval import run_stage
 
     table, files = run_stage(args.sweep, args.db, Path(args.out) if args.out else None, steps=args.steps,
-                             candidates=args.candidates or None, progress=not args.quiet)
+                             candidates=args.candidates or None, progress=not args.quiet, artifacts=args.artifacts)
     console.print(files[0].read_text())
     console.print(f"{len(table)} cells recorded (metrics split 'retrieval', step = c); written to "
                   + ", ".join(str(f) for f in files))
@@ -440,6 +488,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- parser
 
 
+ARTIFACTS_HELP = ("the artifacts folder the runs were trained with; checkpoints are only loaded from inside it "
+                  "(default: $ABLATE_ARTIFACTS or results/artifacts)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--db", default=argparse.SUPPRESS,
@@ -454,6 +506,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sql", parents=[common], help="read-only SQL over the results database")
     s.add_argument("query", help='e.g. "SELECT architecture, d_model, final_eval_loss FROM runs"')
     s.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    s.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="stop the query after this long (default: $ABLATE_SQL_TIMEOUT or 30; 0: no limit)")
+    s.add_argument("--max-rows", type=int, default=None, metavar="N",
+                   help="refuse a result longer than this (default: $ABLATE_SQL_MAX_ROWS or 10,000; 0: no limit)")
 
     s = sub.add_parser("db", parents=[common], help="results database schema")
     s.add_argument("db_command", choices=("upgrade", "current"), help="upgrade: migrate to the newest schema")
@@ -499,6 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--format", default="md,html,png,svg,csv", help="comma-separated: md, html, png, svg, csv")
     s.add_argument("--compare", nargs="+", default=[], metavar="SWEEP",
                    help="other sweeps to put beside this one in a single table")
+    s.add_argument("--artifacts", default=None, help=ARTIFACTS_HELP)
 
     s = sub.add_parser("generate", parents=[common], help="complete a prompt with a trained run")
     s.add_argument("run", type=int, help="run id (see `ablate sweep status`)")
@@ -507,6 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top-k", type=int, default=0, help="0: greedy")
     s.add_argument("--temperature", type=float, default=1.0)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--artifacts", default=None, help=ARTIFACTS_HELP)
 
     s = sub.add_parser("retrieval", parents=[common],
                        help="a sweep's retrieval stage: embed pairs with each completed run, train retrieval models")
@@ -515,6 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=None, help="override the spec's retrieval training steps")
     s.add_argument("--out", default=None, help="output folder (default results/reports/SWEEP)")
     s.add_argument("--quiet", action="store_true", help="no progress output")
+    s.add_argument("--artifacts", default=None, help=ARTIFACTS_HELP)
 
     s = sub.add_parser("deploy", parents=[common], help="register Prefect deployments sweep/<name> and trial/<hardware>")
     s.add_argument("--sweeps", default="sweeps", help="folder of sweep files")
@@ -534,10 +593,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         args.gpu_slots = max(1, torch.cuda.device_count())
+    from sqlalchemy.exc import DBAPIError
+
+    from ablate.db import explain, redact
+
     try:
         return COMMANDS[args.command](args) or 0
     except AblateError as exc:
-        err_console.print("[bold red]error:[/] " + escape(str(exc)), soft_wrap=True)
+        err_console.print("[bold red]error:[/] " + escape(redact(str(exc))), soft_wrap=True)
+        return 2
+    except (DBAPIError, OSError) as exc:  # the environment, not ablate: a read-only or full database or disk
+        hint = explain(exc, args.db)
+        if hint is None:
+            raise
+        err_console.print("[bold red]error:[/] " + escape(redact(hint)), soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         err_console.print("interrupted")

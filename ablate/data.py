@@ -13,6 +13,7 @@ import glob as globlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -356,14 +357,18 @@ def prepare(dataset: DatasetRef, tokenizer: TokenizerRef, context: int, root: Pa
     key = fingerprint({"dataset": dataset.model_dump(mode="json"), "tokenizer": tok_fp, "context": context,
                        "packing": dataset.packing})
     folder = root / "tokens" / key
-    if not (folder / "meta.json").exists():
+    if not cache_intact(folder):
         import datasets
 
         (datasets.enable_progress_bars if progress else datasets.disable_progress_bars)()
         tok = get_tokenizer(tokenizer, dataset, root, progress)
         folder.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(folder) + ".lock"):
-            if not (folder / "meta.json").exists():
+            if not cache_intact(folder):
+                if folder.exists():  # damaged (or from before checksums): rebuilt, never trained on
+                    if progress:
+                        print(f"token cache {folder} fails its checksum: rebuilding it", file=sys.stderr)
+                    shutil.rmtree(folder)
                 tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=key + ".tmp"))
                 try:
                     _build(tmp, dataset, tok, context, progress, root)
@@ -394,7 +399,28 @@ def _build(folder: Path, dataset: DatasetRef, tok: Any, context: int, progress: 
                            desc=f"tokenizing {split}")
         meta["splits"][split] = (_pack_pad if dataset.packing == "pad" else _pack_concat)(
             folder, split, encoded, context, dtype, tok.pad_token_id)
+    meta["sha256"] = {f.name: _file_sha256(f) for f in sorted(folder.iterdir()) if f.suffix in (".bin", ".len")}
     (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def cache_intact(folder: Path) -> bool:
+    """Whether a token cache is complete and every file matches the sha256 its build recorded (checked at
+    every start: about 1 s per GB of tokens)."""
+    try:
+        sums = json.loads((folder / "meta.json").read_text()).get("sha256")
+        return bool(sums) and all(_file_sha256(folder / name) == digest for name, digest in sums.items())
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _pack_pad(folder: Path, split: str, encoded, context: int, dtype, pad_id: int) -> dict[str, int]:

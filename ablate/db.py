@@ -10,7 +10,9 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import re
 import socket
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -78,7 +80,9 @@ class Run(Base):
     host: Mapped[str | None] = mapped_column(sa.String(200))
     device_name: Mapped[str | None] = mapped_column(sa.String(200))
     attempts: Mapped[int] = mapped_column(default=0)
-    pid: Mapped[int | None]  # the trainer process while running (cancel signals it; stale rows are detected)
+    pid: Mapped[int | None]  # the trainer process while running (cancel signals it)
+    claimed_by: Mapped[str | None] = mapped_column(sa.String(200))  # host:pid:nonce of the process that trains it
+    heartbeat_at: Mapped[dt.datetime | None]  # the claimant's last sign of life (UTC); stale: the run is owed again
     threads: Mapped[int | None]  # torch intra-op threads of the trainer (CPU share of this trial)
     # timings (seconds); train_seconds is the budget clock
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
@@ -127,6 +131,14 @@ class Metric(Base):
     tokens: Mapped[int] = mapped_column(sa.BigInteger)
     loss: Mapped[float]
     lr: Mapped[float | None]
+
+
+class Meta(Base):
+    """Facts about the database itself: `db_id`, the identity that keys its runs' artifacts."""
+
+    __tablename__ = "ablate_meta"
+    key: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(sa.Text)
 
 
 # ---------------------------------------------------------------- engine
@@ -184,7 +196,42 @@ def _describe(url: str) -> str:
     return sa.make_url(url).render_as_string(hide_password=True)
 
 
+_PASSWORD = re.compile(r"(\w[\w+.-]*://[^:/@\s]*:)([^@\s]+)(@)")
+
+
+def redact(text: str) -> str:
+    """Text with the password of every database URL in it replaced by ***."""
+    return _PASSWORD.sub(r"\1***\3", text)
+
+
+def explain(exc: BaseException, url: str | None = None) -> str | None:
+    """A user-facing sentence for a database error that is about the environment (read-only, full disk), else None."""
+    reason = str(getattr(exc, "orig", None) or exc).strip()
+    lowered = reason.lower().replace("-", "").replace(" ", "")
+    where = _describe(resolve_url(url))
+    if "readonly" in lowered:
+        return (f"the results database {where} is read-only ({reason.splitlines()[0]}): point --db / ABLATE_DB_URL at a "
+                "writable database; reading commands (sql, report, sweep status) work on a read-only one")
+    if "diskisfull" in lowered or "nospaceleft" in lowered or "diskfull" in lowered:
+        return (f"the disk is full ({reason.splitlines()[0]}): free space and run the same command "
+                "again; finished runs are kept and unfinished ones resume from their last checkpoint")
+    return None
+
+
 _ENGINES: dict[str, sa.Engine] = {}
+_READERS: dict[str, sa.Engine] = {}
+
+
+def _check_reachable(engine: sa.Engine, url: str) -> None:
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+    except OperationalError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise AblateError(
+            f"cannot reach the results database {_describe(url)}: {redact(reason)}. "
+            "Start the server (or fix ABLATE_DB_URL / --db), or use the default SQLite file by unsetting ABLATE_DB_URL."
+        ) from None
 
 
 def connect(url: str | None = None, upgrade: bool = True) -> sa.Engine:
@@ -196,19 +243,47 @@ def connect(url: str | None = None, upgrade: bool = True) -> sa.Engine:
     if upgrade and url in _ENGINES:
         return _ENGINES[url]
     engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
-    except OperationalError as exc:
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise AblateError(
-            f"cannot reach the results database {_describe(url)}: {reason}. "
-            "Start the server (or fix ABLATE_DB_URL / --db), or use the default SQLite file by unsetting ABLATE_DB_URL."
-        ) from None
+    _check_reachable(engine, url)
     if upgrade:
         upgrade_schema(engine)
         _ENGINES[url] = engine
     return engine
+
+
+def reader(url: str | None = None) -> sa.Engine:
+    """An engine for reading commands: it never creates, migrates or writes the database it opens.
+
+    The database must exist and hold ablate's schema at this code's revision; otherwise one clear message.
+    """
+    url = resolve_url(url)
+    if url in _READERS:
+        return _READERS[url]
+    engine = make_engine(url, read_only=True)
+    _check_reachable(engine, url)
+    current, head = current_revision(engine), head_revision(engine)
+    if current is None:
+        foreign = set(sa.inspect(engine).get_table_names())
+        raise AblateError(f"{_describe(url)} is not an ablate results database" + (
+            f" (it has tables {', '.join(sorted(foreign)[:6])} but no {VERSION_TABLE})" if foreign else " (it is empty)")
+            + "; run a sweep first, or point --db / ABLATE_DB_URL at the results database")
+    if current != head:
+        _check_known_revision(engine, current, head)
+        raise AblateError(f"{_describe(url)} is at schema revision {current}, older than this ablate's {head}: "
+                          "run `ablate db upgrade` once (reading commands never migrate)")
+    _READERS[url] = engine
+    return engine
+
+
+def _check_known_revision(engine: sa.Engine, current: str, head: str) -> None:
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    try:
+        ScriptDirectory.from_config(_alembic_config(engine)).get_revision(current)
+    except CommandError:
+        raise AblateError(f"{_describe(str(engine.url))} is at schema revision {current}, newer than this ablate knows "
+                          f"(its newest is {head}): it was written by a newer ablate; upgrade ablate "
+                          "(pip install -U ablate, or pull) to use it") from None
 
 
 @contextmanager
@@ -235,6 +310,7 @@ def _schema_lock(engine: sa.Engine) -> Iterator[None]:
 # Ablate's Alembic revision lives in its own table: Optuna's storage (searches share the results DB)
 # keeps its own schema revision in Alembic's default `alembic_version`.
 VERSION_TABLE = "ablate_alembic_version"
+OWN_TABLES = ("sweeps", "runs", "metrics", "ablate_meta", "run_results", "best_runs", "eval_curve")
 
 
 def _alembic_config(engine: sa.Engine):
@@ -259,20 +335,85 @@ def head_revision(engine: sa.Engine) -> str:
     return ScriptDirectory.from_config(_alembic_config(engine)).get_current_head()
 
 
+def _migration_engine(engine: sa.Engine) -> sa.Engine:
+    """SQLite: an engine whose transactions really hold DDL (pysqlite commits before each CREATE/ALTER by
+    itself), so a migration that fails half-way leaves the database as it was; foreign keys off, as
+    SQLite's table rebuilds require."""
+    if _sqlite_path(engine.url) is None:
+        return engine
+    mig = sa.create_engine(engine.url, connect_args={"timeout": 60})
+
+    @event.listens_for(mig, "connect")
+    def _manual(dbapi_conn, _record):  # noqa: ANN001
+        dbapi_conn.isolation_level = None  # we say BEGIN ourselves
+
+    @event.listens_for(mig, "begin")
+    def _begin(conn):  # noqa: ANN001
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return mig
+
+
 def upgrade_schema(engine: sa.Engine) -> str:
     """Bring the database to the newest schema; returns the revision it is at."""
     head = head_revision(engine)
-    if current_revision(engine) == head:
+    current = current_revision(engine)
+    if current == head:
         return head
+    if current is not None:
+        _check_known_revision(engine, current, head)
     from alembic import command
 
     with _schema_lock(engine):
-        if current_revision(engine) != head:
+        current = current_revision(engine)
+        if current != head:
+            if current is None:
+                clash = sorted(set(sa.inspect(engine).get_table_names()) & set(OWN_TABLES))
+                if clash:
+                    raise AblateError(f"{_describe(str(engine.url))} already has table(s) {', '.join(clash)} that ablate "
+                                      f"did not create (no {VERSION_TABLE}); point --db / ABLATE_DB_URL at another "
+                                      "database (or a new SQLite file)")
             cfg = _alembic_config(engine)
-            with engine.begin() as conn:
-                cfg.attributes["connection"] = conn
-                command.upgrade(cfg, "head")
+            mig = _migration_engine(engine)
+            try:
+                with mig.begin() as conn:
+                    cfg.attributes["connection"] = conn
+                    command.upgrade(cfg, "head")
+            except SQLAlchemyError as exc:
+                hint = explain(exc, str(engine.url))
+                reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+                raise AblateError(hint or f"migrating {_describe(str(engine.url))} from {current or 'empty'} to {head} "
+                                          f"failed and was rolled back: {redact(reason)}") from None
+            finally:
+                if mig is not engine:
+                    mig.dispose()
     return head
+
+
+READER_ROLE = "ablate_reader"  # `ablate sql` runs as this role on PostgreSQL (migration 0005)
+
+
+def grant_reader(engine: sa.Engine) -> None:
+    """On PostgreSQL, let the reader role SELECT every table here, Optuna's too (made after the migrations)."""
+    if engine.dialect.name != "postgresql":
+        return
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            f"DO $$ BEGIN IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{READER_ROLE}') THEN "
+            f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {READER_ROLE}; END IF; "
+            "EXCEPTION WHEN insufficient_privilege THEN NULL; END $$"))
+
+
+def database_id(engine: sa.Engine) -> str:
+    """The database's own identity (made by its migration), which keys its runs' artifacts."""
+    key = str(engine.url)
+    if key not in _IDS:
+        with engine.connect() as conn:
+            _IDS[key] = conn.execute(sa.select(Meta.value).where(Meta.key == "db_id")).scalar_one()
+    return _IDS[key]
+
+
+_IDS: dict[str, str] = {}
 
 
 def session_factory(engine: sa.Engine) -> sessionmaker[Session]:
@@ -314,8 +455,20 @@ def register_sweep(engine: sa.Engine, spec: Any, trials: Iterable[Any], spec_pat
     """Insert (or update) the sweep and one pending run per new trial fingerprint, atomically.
 
     Idempotent: trials already registered keep their row and status. Returns (sweep id, run ids in trial order).
+    Processes registering the same sweep at the same moment all succeed (the loser of a race retries).
     """
     trials = list(trials)
+    for attempt in range(5):
+        try:
+            return _register_once(engine, spec, trials, spec_path)
+        except sa.exc.IntegrityError:  # another process inserted the sweep or a run first: read theirs
+            if attempt == 4:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _register_once(engine: sa.Engine, spec: Any, trials: list[Any], spec_path: str | None) -> tuple[int, list[int]]:
     versions = library_versions()
     code = code_version()
     with session_factory(engine)() as session, session.begin():
@@ -337,6 +490,7 @@ def register_sweep(engine: sa.Engine, spec: Any, trials: Iterable[Any], spec_pat
                 run = new_run(trial, sweep.id, index, code, versions)
                 session.add(run)
                 session.flush()
+                existing[fp] = run
             ids.append(run.id)
     return sweep.id, ids
 
@@ -368,22 +522,83 @@ def new_run(trial: Any, sweep_id: int, index: int, code: str | None, versions: d
     )
 
 
-def update_run(engine: sa.Engine, run_id: int, **fields: Any) -> None:
+def update_run(engine: sa.Engine, run_id: int, claimant: str | None = None, **fields: Any) -> bool:
+    """Set columns of a run; with `claimant`, only while that process still holds the run's claim.
+    Returns whether the row was updated."""
     unknown = set(fields) - set(Run.__table__.columns.keys())
     if unknown:
         raise ValueError(f"not columns of runs: {sorted(unknown)}")
+    where = [Run.id == run_id] + ([Run.claimed_by == claimant] if claimant is not None else [])
     with engine.begin() as conn:
-        conn.execute(sa.update(Run).where(Run.id == run_id).values(**fields))
+        return conn.execute(sa.update(Run).where(*where).values(**fields)).rowcount == 1
 
 
-def mark_running(engine: sa.Engine, run_id: int) -> None:
+# ---------------------------------------------------------------- claims: exactly one trainer per run
+
+HEARTBEAT_SECONDS = 10.0  # how often a claimant says it is alive
+STALE_SECONDS = 90.0  # a `running` row silent this long belongs to a dead process (any host): it is owed again
+
+
+def new_claimant() -> str:
+    """An id for one claiming process: host, pid and a nonce (pids are reused)."""
+    import uuid
+
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def stale_before() -> dt.datetime:
+    return utcnow() - dt.timedelta(seconds=STALE_SECONDS)
+
+
+def is_live(run: Run) -> bool:
+    """A running row whose claimant beat recently: some process (on any host) is training it."""
+    return run.status == "running" and run.heartbeat_at is not None and run.heartbeat_at >= stale_before()
+
+
+def _dead_here(claimed_by: str | None, pid: int | None) -> bool:
+    """Whether a claim was made on this host by a process that is gone, and its trainer too."""
+    host, _, rest = (claimed_by or "").partition(":")
+    if host != socket.gethostname() or not rest.partition(":")[0].isdigit():
+        return False
+    return not pid_alive(int(rest.partition(":")[0])) and not pid_alive(pid)
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process with this id runs on this machine (a zombie counts until it is reaped)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim_run(engine: sa.Engine, run_id: int, claimant: str, statuses: Iterable[str] | None = None) -> bool:
+    """Atomically take a run to train it: one conditional UPDATE, so of processes racing for the same run
+    exactly one wins. A run may be taken from `statuses` (default: owed work that holds no result) or from a
+    `running` row whose claimant is dead: its heartbeat is stale (any host), or it was made on this host by
+    processes that no longer exist. The winner's row is `running`, attempt + 1."""
+    allowed = tuple(statuses) if statuses is not None else OWED_UNSTARTED
+    now = utcnow()
+    takeable = sa.or_(Run.status.in_(allowed),
+                      sa.and_(Run.status == "running", sa.or_(Run.heartbeat_at.is_(None), Run.heartbeat_at < stale_before())))
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(Run.status, Run.claimed_by, Run.pid).where(Run.id == run_id)).first()
+    if row is not None and row.status == "running" and _dead_here(row.claimed_by, row.pid):
+        takeable = sa.or_(takeable, sa.and_(Run.status == "running", Run.claimed_by == row.claimed_by))
     with engine.begin() as conn:
-        conn.execute(
-            sa.update(Run).where(Run.id == run_id).values(
-                status="running", started_at=utcnow(), finished_at=None, error=None,
-                host=socket.gethostname(), attempts=Run.attempts + 1,
-            )
-        )
+        won = conn.execute(sa.update(Run).where(Run.id == run_id, takeable).values(
+            status="running", claimed_by=claimant, heartbeat_at=now, started_at=now, finished_at=None, error=None,
+            host=socket.gethostname(), pid=None, attempts=Run.attempts + 1)).rowcount
+    return won == 1
+
+
+def heartbeat(engine: sa.Engine, run_id: int, claimant: str) -> bool:
+    """Say the claimant is alive; False when the claim was lost (another process took the run as stale)."""
+    return update_run(engine, run_id, claimant=claimant, heartbeat_at=utcnow())
 
 
 def write_metrics(engine: sa.Engine, run_id: int, rows: list[dict[str, Any]]) -> int:

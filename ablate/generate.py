@@ -7,23 +7,43 @@ the studies describe (its last output position is never trained, so generation s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
 from ablate import db, objectives
 from ablate.errors import AblateError
+from ablate.runstate import load_checkpoint
 from ablate.spec import TrialConfig
 
 
-def load_run_model(run_id: int, url: str | None = None):
-    """(trial, model in eval mode, tokenizer) from a run's final checkpoint."""
-    run = db.get_run(db.connect(url), run_id)
+def default_artifacts() -> Path:
+    return Path(os.environ.get("ABLATE_ARTIFACTS", "results/artifacts"))
+
+
+def run_checkpoint(run: db.Run, artifacts: str | Path | None = None) -> Path:
+    """The checkpoint a run row names, only if it lies inside the artifacts folder (a row is data; the folder
+    is the user's choice): a row pointing elsewhere is refused, not opened."""
+    root = Path(artifacts if artifacts is not None else default_artifacts()).expanduser().resolve()
+    if not run.checkpoint_path:
+        raise AblateError(f"run {run.id} ({run.status}) has no checkpoint; it needs a trained run")
+    path = Path(run.checkpoint_path).expanduser().resolve()
+    if not path.is_relative_to(root):
+        raise AblateError(f"run {run.id}'s checkpoint {path} is outside the artifacts folder {root}; checkpoints are "
+                          "only loaded from there: pass --artifacts (or set ABLATE_ARTIFACTS) to the folder the "
+                          "trainer wrote")
+    if not path.exists():
+        raise AblateError(f"run {run.id} ({run.status}) has no checkpoint at {path}; it needs a trained run whose "
+                          "artifacts folder is reachable from here")
+    return path
+
+
+def load_run_model(run_id: int, url: str | None = None, artifacts: str | Path | None = None):
+    """(trial, model in eval mode, tokenizer) from a run's final checkpoint inside `artifacts`."""
+    run = db.get_run(db.reader(url), run_id)
     trial = TrialConfig.model_validate(run.config)
-    path = Path(run.checkpoint_path) if run.checkpoint_path else None
-    if path is None or not path.exists():
-        raise AblateError(f"run {run_id} ({run.status}) has no checkpoint at {path}; generate needs a trained run "
-                          "whose artifacts folder is reachable from here")
+    path = run_checkpoint(run, artifacts)
     tokenizer = load_checkpoint_tokenizer(path, trial)
     return trial, load_checkpoint_model(path, trial, len(tokenizer)), tokenizer
 
@@ -54,7 +74,7 @@ def load_checkpoint_tokenizer(path: str | Path, trial: TrialConfig):
 
 def load_checkpoint_model(path: str | Path, trial: TrialConfig, vocab_size: int | None = None) -> torch.nn.Module:
     """A run's model in eval mode on the CPU from its checkpoint (a checkpoint.pt or the run folder)."""
-    state = torch.load(checkpoint_file(path), map_location="cpu", weights_only=False)
+    state = load_checkpoint(checkpoint_file(path))  # weights_only: a checkpoint cannot run code
     vocab_size = vocab_size or len(load_checkpoint_tokenizer(path, trial))  # as train.py: prepared.vocab_size
     model = objectives.model_for(trial, vocab_size)
     model.load_state_dict(state["model"])

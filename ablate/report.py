@@ -327,20 +327,23 @@ def _slug(text: str) -> str:
 
 
 def build_report(sweep: str, url: str | None = None, out: Path | None = None,
-                 formats: tuple[str, ...] = ("md", "html", "png", "svg", "csv"), skip: tuple[str, ...] = ()) -> Report:
-    """The report of one sweep, laid out as its spec's `report` block says."""
-    engine = db.connect(url)
+                 formats: tuple[str, ...] = ("md", "html", "png", "svg", "csv"), skip: tuple[str, ...] = (),
+                 artifacts: str | Path | None = None) -> Report:
+    """The report of one sweep, laid out as its spec's `report` block says (`artifacts`: where the runs'
+    checkpoints are, for the prompt completions). Reads the database, never writes it."""
+    engine = db.reader(url)
     spec, views = load_views(engine, sweep)
     return _render(engine, spec, views, layout_tables(spec, views), [sweep], url,
-                   out or Path("results/reports") / sweep, formats, skip)
+                   out or Path("results/reports") / sweep, formats, skip, artifacts)
 
 
 def build_comparison(sweeps: list[str], url: str | None = None, out: Path | None = None,
-                     formats: tuple[str, ...] = ("md", "html", "png", "svg", "csv"), skip: tuple[str, ...] = ()) -> Report:
+                     formats: tuple[str, ...] = ("md", "html", "png", "svg", "csv"), skip: tuple[str, ...] = (),
+                     artifacts: str | Path | None = None) -> Report:
     """Several sweeps side by side: one table whose columns are the sweeps (and what varies within them)."""
     if len(sweeps) < 2:
         raise AblateError("--compare needs at least two sweep names")
-    engine = db.connect(url)
+    engine = db.reader(url)
     views: list[RunView] = []
     specs = []
     for name in sweeps:
@@ -353,11 +356,12 @@ def build_comparison(sweeps: list[str], url: str | None = None, out: Path | None
     combined = specs[0].model_copy(update={"name": "compare-" + "-".join(sweeps), "description": f"Comparison: {title}"})
     table = _one_table(combined, TableSpec(title=title, group_by=(), columns="sweep"), views)
     return _render(engine, combined, views, [table], sweeps, url,
-                   out or Path("results/reports") / combined.name, formats, skip)
+                   out or Path("results/reports") / combined.name, formats, skip, artifacts)
 
 
 def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: list[Table], sweeps: list[str],
-            url: str | None, out: Path, formats: tuple[str, ...], skip: tuple[str, ...]) -> Report:
+            url: str | None, out: Path, formats: tuple[str, ...], skip: tuple[str, ...],
+            artifacts: str | Path | None = None) -> Report:
     out.mkdir(parents=True, exist_ok=True)
     figures: list[Path] = []
     embedded: list[str] = []
@@ -378,7 +382,7 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
     files = list(figures)
     summary = _summary(views)
     orderings = check_orderings(spec, views)
-    samples = _samples(views, spec.report.prompt, url) if spec.report.prompt and "samples" not in skip else []
+    samples = _samples(views, spec.report.prompt, url, artifacts) if spec.report.prompt and "samples" not in skip else []
     if "md" in formats:
         md = [f"# {spec.name}", "", spec.description, "", summary, ""]
         md += [f"**Against the study.** {line}\n" for line in orderings]
@@ -418,18 +422,21 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
     return Report(sweep=spec.name, tables=tables, figures=figures, out=out, files=files, orderings=orderings)
 
 
-def _samples(views: list[RunView], prompt: str, url: str | None, max_new: int = 48) -> list[tuple[int, str, str]]:
-    """(run id, label, greedy completion) for every completed run whose checkpoint is reachable."""
-    from ablate.generate import complete, load_run_model
+def _samples(views: list[RunView], prompt: str, url: str | None, artifacts: str | Path | None,
+             max_new: int = 48) -> list[tuple[int, str, str]]:
+    """(run id, label, greedy completion) for every completed run whose checkpoint is inside `artifacts`."""
+    from ablate.generate import complete, load_run_model, run_checkpoint
 
     keys = _varying(views, set()) or ["architecture"]
     out = []
     for v in views:
-        if v.row.status != "completed" or not v.row.checkpoint_path or not Path(v.row.checkpoint_path).exists():
+        if v.row.status != "completed" or v.axes.get("objective", "clm") not in ("clm", "multi_token"):
+            continue  # multi-token and clm have a next-token head to sample from
+        try:
+            run_checkpoint(v.row, artifacts)
+        except AblateError:  # not reachable from here (another machine's artifacts, or outside the folder)
             continue
-        if v.axes.get("objective", "clm") not in ("clm", "multi_token"):  # no next-token head to sample from
-            continue
-        trial, model, tokenizer = load_run_model(v.row.id, url)
+        trial, model, tokenizer = load_run_model(v.row.id, url, artifacts)
         text = complete(model, tokenizer, prompt, trial.context, max_new=max_new).replace("\n", " ")
         out.append((v.row.id, _label(v.axes, keys), text))
     return out

@@ -2,44 +2,126 @@
 
 from __future__ import annotations
 
+import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 
-from ablate import db
+from ablate import db, sqlguard
 from ablate.errors import AblateError
 
+DEFAULT_TIMEOUT_SECONDS = 30.0
+DEFAULT_MAX_ROWS = 10_000
+READER_ROLE = db.READER_ROLE  # made by migration 0005 (or an administrator): SELECT on READABLE (+ Optuna's tables)
+READABLE = ("sweeps", "runs", "metrics", "run_results", "best_runs", "eval_curve")
+_READER_USABLE = (f"SELECT r IS NOT NULL AND pg_has_role(current_user, r, 'MEMBER') "
+                  f"AND has_table_privilege(r, 'runs', 'SELECT') FROM to_regrole('{READER_ROLE}') AS r")
 
-def read_only_query(query: str, url: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Run one SQL statement on a connection the database itself keeps read-only; writes fail there."""
-    db.connect(url)  # reachable, and at the newest schema (so documented views exist)
-    engine = db.make_engine(url, read_only=True)
+
+def read_only_query(query: str, url: str | None = None, *, max_rows: int = DEFAULT_MAX_ROWS,
+                    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run one guarded read-only statement in a transaction that is always rolled back; (columns, rows).
+
+    `max_rows` / `timeout_seconds` of 0 mean no limit. It never creates, migrates or writes the database.
+    """
+    if max_rows < 0 or timeout_seconds < 0:
+        raise AblateError(f"max_rows ({max_rows}) and timeout_seconds ({timeout_seconds}) must be >= 0 (0: no limit)")
+    engine = db.reader(url)
+    dialect = engine.dialect.name
+    if dialect not in ("postgresql", "sqlite"):
+        raise AblateError(f"`ablate sql` runs on SQLite and PostgreSQL results databases; {dialect} is not supported")
+    statement = sqlguard.check(query, dialect)
     try:
         with engine.connect() as conn:
             try:
-                result = conn.execute(sa.text(query))
-                if not result.returns_rows:
-                    raise AblateError("that statement returns no rows; `ablate sql` runs read-only queries (SELECT, WITH, EXPLAIN)")
-                columns = list(result.keys())
-                rows = [tuple(r) for r in result]
+                if dialect == "postgresql":
+                    return _fetch(_execute_postgres(conn, statement, timeout_seconds), max_rows)
+                with _sqlite_limits(conn, timeout_seconds):
+                    # no_parameters: the text goes to the driver as written (no `%` or `:name` placeholders)
+                    return _fetch(conn.execution_options(no_parameters=True).exec_driver_sql(statement), max_rows)
             finally:
                 conn.rollback()
     except SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        if "readonly" in reason.replace("-", "").replace(" ", "").lower() or "read-only" in reason.lower():
-            raise AblateError(f"refused: `ablate sql` is read-only ({reason}); change results through ablate commands") from None
-        raise AblateError(f"SQL error: {reason}") from None
-    finally:
-        engine.dispose()
-    return columns, rows
+        raise _failure(exc, timeout_seconds) from None
+
+
+def _execute_postgres(conn: sa.Connection, statement: str, timeout_seconds: float) -> sa.CursorResult:
+    """The statement in a READ ONLY transaction with a statement timeout, as `ablate_reader` where we may be it."""
+    conn.exec_driver_sql("SET TRANSACTION READ ONLY")  # the first statement of this transaction
+    conn.exec_driver_sql("SET LOCAL standard_conforming_strings = on")  # strings lex as the guard read them
+    conn.exec_driver_sql(f"SET LOCAL statement_timeout = {max(1, round(timeout_seconds * 1000)) if timeout_seconds else 0}")
+    if conn.exec_driver_sql(_READER_USABLE).scalar():
+        conn.exec_driver_sql(f"SET LOCAL ROLE {READER_ROLE}")
+    if conn.exec_driver_sql("SHOW transaction_read_only").scalar() != "on":
+        raise AblateError("the PostgreSQL transaction of `ablate sql` did not become read-only; nothing was run")
+    if sqlguard.first_keyword(statement) == "EXPLAIN":  # no cursor can hold an EXPLAIN
+        return conn.execution_options(no_parameters=True).exec_driver_sql(statement)
+    # a server-side cursor: rows arrive only as fetched, and the server takes exactly one statement
+    return conn.execution_options(stream_results=True, no_parameters=True).exec_driver_sql(statement)
+
+
+def _sqlite_authorize(action: int, arg1: str | None, arg2: str | None, _db: str | None, _trigger: str | None) -> int:
+    """SQLite's authorizer for `ablate sql`: reading only, and none of the functions the guard refuses."""
+    import sqlite3
+
+    if action == sqlite3.SQLITE_FUNCTION:
+        return sqlite3.SQLITE_DENY if (arg2 or "").lower() in ("load_extension", "fts3_tokenizer") else sqlite3.SQLITE_OK
+    reading = (sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE)
+    return sqlite3.SQLITE_OK if action in reading else sqlite3.SQLITE_DENY
+
+
+@contextmanager
+def _sqlite_limits(conn: sa.Connection, timeout_seconds: float) -> Iterator[None]:
+    """While inside: SQLite interrupts the statement past the deadline and authorizes reading only."""
+    raw = conn.connection.dbapi_connection
+    deadline = time.monotonic() + timeout_seconds
+    if timeout_seconds:
+        raw.set_progress_handler(lambda: time.monotonic() > deadline, 1000)
+    raw.set_authorizer(_sqlite_authorize)
+    try:
+        yield
+    finally:  # the connection goes back to the pool for other readers
+        raw.set_progress_handler(None, 0)
+        raw.set_authorizer(None)
+
+
+def _fetch(result: sa.CursorResult, max_rows: int) -> tuple[list[str], list[tuple[Any, ...]]]:
+    if not result.returns_rows:
+        raise AblateError(f"that statement returns no rows; {sqlguard.ONE_STATEMENT}")
+    columns = list(result.keys())
+    rows = result.fetchall() if not max_rows else result.fetchmany(max_rows + 1)
+    result.close()
+    if max_rows and len(rows) > max_rows:
+        raise AblateError(f"the query returns more than {max_rows:,} rows; add LIMIT, or pass --max-rows N "
+                          "(0: no limit)")
+    return columns, [tuple(r) for r in rows]
+
+
+def _failure(exc: SQLAlchemyError, timeout_seconds: float) -> AblateError:
+    """A user-facing sentence for a failed query (passwords in URLs redacted)."""
+    reason = db.redact(str(getattr(exc, "orig", None) or exc).strip().splitlines()[0])
+    lowered = reason.lower()
+    if "statement timeout" in lowered or lowered == "interrupted":
+        return AblateError(f"the query ran past the {timeout_seconds:g} s limit; narrow it or pass --timeout SECONDS")
+    if re.search(r"permission denied for (table|view|relation)", lowered):
+        return AblateError(f"refused: {reason}; `ablate sql` reads the results tables and views: {', '.join(READABLE)}")
+    if any(word in lowered for word in ("permission denied", "not authorized", "authorization denied")):
+        return AblateError(f"refused: {reason}; `ablate sql` reads the results tables and views "
+                           f"({', '.join(READABLE)}) and nothing else")
+    if "readonly" in lowered.replace("-", "").replace(" ", ""):
+        return AblateError(f"refused: `ablate sql` is read-only ({reason}); change results through ablate commands")
+    return AblateError(f"SQL error: {reason}")
 
 
 def runs(sweep: str | None = None, url: str | None = None):
     """A DataFrame of runs (one row per trial), optionally of one sweep."""
     import pandas as pd
 
-    engine = db.connect(url)
+    engine = db.reader(url)
     q = sa.select(db.Run, db.Sweep.name.label("sweep")).join(db.Sweep, db.Run.sweep_id == db.Sweep.id)
     if sweep is not None:
         q = q.where(db.Sweep.name == sweep)
@@ -67,7 +149,7 @@ def metrics(run_ids: list[int] | None = None, sweep: str | None = None, url: str
     """A DataFrame of metric points (run_id, step, split, elapsed_seconds, tokens, loss, lr)."""
     import pandas as pd
 
-    engine = db.connect(url)
+    engine = db.reader(url)
     q = sa.select(db.Metric)
     if run_ids is not None:
         q = q.where(db.Metric.run_id.in_(run_ids))

@@ -27,7 +27,7 @@ from ablate import data as data_mod
 from ablate import db
 from ablate.budget import lr_at
 from ablate.errors import AblateError, did_you_mean
-from ablate.generate import load_checkpoint_model, load_checkpoint_tokenizer
+from ablate.generate import load_checkpoint_model, load_checkpoint_tokenizer, run_checkpoint
 from ablate.spec import TrialConfig
 
 PAIR_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -297,8 +297,8 @@ def info_nce_loss(query_emb: Tensor, match_emb: Tensor, negative_embs: Tensor) -
 
 def retrieval_study(run_ids: Sequence[int], db_url: str | None, pairs: Any, candidates: Sequence[int] = (32, 128),
                     steps: int | None = 1000, seconds: float | None = None, lr: float = 1e-3, seed: int = 0,
-                    index: int = -2, progress: bool = True):
-    """For each run: embed the pairs with its checkpoint and train one retrieval model per c. One row each."""
+                    index: int = -2, progress: bool = True, artifacts: str | Path | None = None):
+    """For each run: embed the pairs with its checkpoint (inside `artifacts`) and train one retrieval model per c."""
     import pandas as pd
 
     summaries, texts = _columns(pairs)
@@ -307,10 +307,9 @@ def retrieval_study(run_ids: Sequence[int], db_url: str | None, pairs: Any, cand
     for run_id in run_ids:
         run = db.get_run(engine, run_id)
         trial = TrialConfig.model_validate(run.config)
-        if not run.checkpoint_path:
-            raise AblateError(f"run {run_id} ({run.status}) has no checkpoint; retrieval needs a trained run")
-        tokenizer = load_checkpoint_tokenizer(run.checkpoint_path, trial)
-        model = load_checkpoint_model(run.checkpoint_path, trial, len(tokenizer))
+        path = run_checkpoint(run, artifacts)
+        tokenizer = load_checkpoint_tokenizer(path, trial)
+        model = load_checkpoint_model(path, trial, len(tokenizer))
         if not hasattr(model, "hidden_states"):
             raise AblateError(f"the {trial.architecture}/{trial.objective} model has no hidden_states(); "
                               "retrieval embeds with causal-LM runs")
@@ -341,7 +340,8 @@ def stage_pairs(plan: Any):
 
 
 def run_stage(name: str, db_url: str | None = None, out: Path | None = None, *, steps: int | None = None,
-              candidates: Sequence[int] | None = None, progress: bool = True) -> tuple[Any, list[Path]]:
+              candidates: Sequence[int] | None = None, progress: bool = True,
+              artifacts: str | Path | None = None) -> tuple[Any, list[Path]]:
     """The retrieval stage of a registered sweep: every completed run, every c of its `retrieval` block.
 
     Results go into the results DB (metrics split 'retrieval', step = c) and into
@@ -370,7 +370,7 @@ def run_stage(name: str, db_url: str | None = None, out: Path | None = None, *, 
     if not runs:
         raise AblateError(f"sweep {name!r} has no completed runs to embed with yet (ablate sweep status {name})")
     table = retrieval_study(runs, db_url, stage_pairs(plan), candidates or plan.candidates, steps or plan.steps,
-                            lr=plan.lr, index=plan.index, progress=progress)
+                            lr=plan.lr, index=plan.index, progress=progress, artifacts=artifacts)
     with engine.begin() as conn:
         conn.execute(sa.delete(db.Metric).where(db.Metric.run_id.in_(runs), db.Metric.split == RETRIEVAL_SPLIT))
         conn.execute(sa.insert(db.Metric), [

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,11 +88,10 @@ def default_threads(concurrent: int, processes_per_trial: int = 1) -> int:
 
 
 def trainer_command(trial: TrialConfig, run_id: int, opts: RunOptions) -> list[str]:
-    """`python -m ablate.train`, or torchrun with one process per GPU when the budget names several."""
+    """`python -m ablate.train`, or torchrun with one process per GPU when the budget names several.
+    The database URL travels in the environment (ABLATE_DB_URL), never in argv where `ps` shows its password."""
     args = ["-m", "ablate.train", "--run-id", str(run_id), "--artifacts", str(opts.artifacts),
             "--checkpoint-every", str(opts.checkpoint_every)]
-    if opts.db_url:
-        args += ["--db", opts.db_url]
     if opts.memory_cap_mb:
         args += ["--memory-cap-mb", str(opts.memory_cap_mb)]
     if opts.quiet:
@@ -104,74 +104,96 @@ def trainer_command(trial: TrialConfig, run_id: int, opts: RunOptions) -> list[s
     return [sys.executable, *args]
 
 
-def pid_alive(pid: int | None) -> bool:
-    """Whether a process with this id runs on this machine (a zombie counts until it is reaped)."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+pid_alive = db.pid_alive
+
+
+# Set when the user stops this process (Ctrl-C, SIGTERM): running trainers checkpoint and end `preempted`,
+# and no further trial starts. Process-wide, because trials run in threads of Prefect flows.
+STOP = threading.Event()
+STOP_GRACE_SECONDS = 150.0  # how long a stopped sweep waits for its trainers to checkpoint
+CLAIMABLE = ("pending", "failed", "preempted")  # what a runner takes by default (not `cancelled`: the user's word)
 
 
 def run_trial(run_id: int, opts: RunOptions, should_stop: Callable[[], bool] | None = None,
-              poll_seconds: float = 1.0) -> str:
-    """Run one trial to the end (resuming from its checkpoint if it has one) and return its final status.
+              poll_seconds: float = 1.0, statuses: tuple[str, ...] = CLAIMABLE) -> str:
+    """Claim one run and train it to the end (resuming from its checkpoint if it has one); its final status.
 
-    `should_stop` is polled while the trainer runs (e.g. an Optuna pruner reading the eval metrics);
-    when it returns True the trainer gets SIGTERM, checkpoints, and the run ends `preempted`.
+    The claim is atomic: when another process (a second runner, a search worker, another host) holds the
+    run or has finished it, nothing starts and the row's current status is returned. `should_stop` is
+    polled while the trainer runs (e.g. an Optuna pruner reading the eval metrics); when it, or `STOP`,
+    says so, the trainer gets SIGTERM, checkpoints, and the run ends `preempted`.
     """
     engine = db.connect(opts.db_url)
-    run = db.get_run(engine, run_id)
-    trial = TrialConfig.model_validate(run.config)
-    db.mark_running(engine, run_id)
+    if STOP.is_set():
+        return db.get_run(engine, run_id).status
+    claimant = db.new_claimant()
+    if not db.claim_run(engine, run_id, claimant, statuses):
+        return db.get_run(engine, run_id).status
+    trial = TrialConfig.model_validate(db.get_run(engine, run_id).config)
     log_dir = opts.artifacts / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"run-{run_id}.log"
-    env = {**os.environ, **opts.extra_env, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **opts.extra_env, "PYTHONUNBUFFERED": "1", "ABLATE_CLAIMANT": claimant,
+           "ABLATE_DB_URL": db.resolve_url(opts.db_url)}
     if opts.threads:  # also the OpenMP pool that torch and the tokenizer libraries start
         env["OMP_NUM_THREADS"] = str(opts.threads)
     if opts.gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in opts.gpu_ids)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(trainer_command(trial, run_id, opts), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-        db.update_run(engine, run_id, pid=proc.pid)
+                                start_new_session=True)  # its own group: cancel and Ctrl-C signal it (and torchrun's ranks)
+        db.update_run(engine, run_id, claimant=claimant, pid=proc.pid)
+        last_beat = time.monotonic()
         try:
             while True:
                 try:
-                    code = proc.wait(timeout=poll_seconds if should_stop else None)
+                    code = proc.wait(timeout=poll_seconds)
                     break
                 except subprocess.TimeoutExpired:
-                    if should_stop():
-                        proc.send_signal(signal.SIGTERM)
-                        code = proc.wait()
+                    if time.monotonic() - last_beat >= db.HEARTBEAT_SECONDS:  # the trainer beats too, once started
+                        try:
+                            db.heartbeat(engine, run_id, claimant)
+                        except sa.exc.SQLAlchemyError:  # a database hiccup: the next beat may pass
+                            pass
+                        last_beat = time.monotonic()
+                    if STOP.is_set() or (should_stop is not None and should_stop()):
+                        code = _stop(proc)
                         break
         except BaseException:
-            proc.send_signal(signal.SIGTERM)  # the trainer checkpoints and records `preempted`
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _stop(proc)
             raise
-    return classify(engine, run_id, code, log_path)
+    return classify(engine, run_id, code, log_path, claimant)
 
 
-def classify(engine: sa.Engine, run_id: int, code: int, log_path: Path | None = None) -> str:
-    """The trainer records its own outcome; a process that died without doing so is preempted (killed) or failed."""
+def _stop(proc: subprocess.Popen, grace: float = 120.0) -> int:
+    """SIGTERM to the trainer's group (it checkpoints and records `preempted`); SIGKILL after `grace` seconds."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        return proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
+
+
+def classify(engine: sa.Engine, run_id: int, code: int, log_path: Path | None = None,
+             claimant: str | None = None) -> str:
+    """The trainer records its own outcome; a process that died without doing so is preempted (killed) or failed.
+    A run that another process has taken over meanwhile is left to it."""
     run = db.get_run(engine, run_id)
+    if claimant is not None and run.claimed_by != claimant:
+        return run.status
     if run.status in TERMINAL and run.status != "running":
-        db.update_run(engine, run_id, pid=None)
+        db.update_run(engine, run_id, claimant=claimant, pid=None)
         return run.status
     tail = _tail(log_path) if log_path else ""
     if code < 0 or code in (137, 143):  # killed by a signal: resumable from the last checkpoint
         status, error = "preempted", f"trainer killed by signal {-code if code < 0 else code - 128}"
     else:
-        status, error = "failed", f"trainer exited with code {code}:\n{tail}"
-    db.update_run(engine, run_id, status=status, error=error, pid=None, finished_at=db.utcnow())
+        status, error = "failed", f"trainer exited with code {code}:\n{db.redact(tail)}"
+    db.update_run(engine, run_id, claimant=claimant, status=status, error=error, pid=None, finished_at=db.utcnow())
     return status
 
 
@@ -186,20 +208,20 @@ def _tail(path: Path, chars: int = 4000) -> str:
 
 
 def runs_to_do(engine: sa.Engine, sweep_id: int, run_ids: list[int], retry_failed: bool = False) -> list[int]:
-    """Runs of this registration that still need work: pending, preempted, stale running, failed (under the attempt cap)."""
+    """Runs of this registration that still need work: pending, preempted, running with a stale heartbeat,
+    failed (under the attempt cap); cancelled only with `retry_failed`."""
     with engine.connect() as conn:
         rows = conn.execute(
-            sa.select(db.Run.id, db.Run.status, db.Run.attempts, db.Run.host, db.Run.pid).where(db.Run.id.in_(run_ids))
+            sa.select(db.Run.id, db.Run.status, db.Run.attempts, db.Run.heartbeat_at).where(db.Run.id.in_(run_ids))
         ).all()
     by_id = {r.id: r for r in rows}
     todo = []
-    here = socket.gethostname()
     for rid in run_ids:
         r = by_id[rid]
         if r.status in db.FINISHED:
             continue
-        if r.status == "running" and r.host is not None and (r.host != here or pid_alive(r.pid)):
-            continue  # another live process (here, or on another worker) has it
+        if r.status == "running" and r.heartbeat_at is not None and r.heartbeat_at >= db.stale_before():
+            continue  # a live process (here or on another host) has it; a stale heartbeat means it died
         if r.status == "cancelled" and not retry_failed:
             continue
         if r.status == "failed" and r.attempts >= MAX_ATTEMPTS and not retry_failed:
@@ -238,14 +260,17 @@ def sweep_runs(engine: sa.Engine, name: str) -> list[db.Run]:
 
 
 def cancel(engine: sa.Engine, name: str) -> tuple[int, int]:
-    """Pending runs become `cancelled`; running trainers on this host get SIGTERM (they checkpoint first)."""
-    pending = signalled = 0
+    """Waiting runs become `cancelled` (in one conditional UPDATE: a run a runner claims at that moment trains);
+    running trainers on this host get SIGTERM (they checkpoint first)."""
+    runs = sweep_runs(engine, name)
+    with engine.begin() as conn:
+        pending = conn.execute(sa.update(db.Run).where(
+            db.Run.id.in_([r.id for r in runs]), db.Run.status.in_(("pending", "preempted", "failed")),
+        ).values(status="cancelled")).rowcount
+    signalled = 0
     here = socket.gethostname()
-    for run in sweep_runs(engine, name):
-        if run.status == "pending" or run.status == "preempted" or run.status == "failed":
-            db.update_run(engine, run.id, status="cancelled")
-            pending += 1
-        elif run.status == "running" and run.host == here and pid_alive(run.pid):
+    for run in runs:
+        if run.status == "running" and run.host == here and pid_alive(run.pid):
             os.killpg(run.pid, signal.SIGTERM)
             signalled += 1
             deadline = time.monotonic() + 60

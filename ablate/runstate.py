@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import resource
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from ablate import db
+from ablate.errors import AblateError
 from ablate.spec import TrialConfig
 
 
@@ -40,6 +42,8 @@ class Settings:
     progress: bool = True
     device: str | None = None
     threads: int | None = None  # torch intra-op threads; None: torch's default (every core)
+    claimant: str | None = None  # the claim this process trains under (db.claim_run); writes are fenced by it
+    db_id: str | None = None  # the results database's identity: keys this run's artifacts
 
 
 @dataclass
@@ -57,15 +61,36 @@ class Dist:
 
 
 class Recorder:
-    """Buffers metric points and writes them to the DB in batches (rank 0 only; a no-op without a run id)."""
+    """Buffers metric points and writes them to the DB in batches (rank 0 only; a no-op without a run id).
+
+    With a claimant it also beats the run's heartbeat from a thread; `lost` turns True if another process
+    took the run over (this one was thought dead), and the trainer then stops without writing more.
+    """
 
     def __init__(self, settings: Settings, is_main: bool):
         self.run_id = settings.run_id if is_main else None
         self.engine = db.connect(settings.db_url) if self.run_id is not None else None
+        self.claimant = settings.claimant
         self.buffer: list[dict[str, Any]] = []
         self.last_flush = time.monotonic()
         self.flush_every = settings.flush_every
         self.points: list[dict[str, Any]] = []  # everything logged by this process (for callers and tests)
+        self.lost = False
+        self._stop_beating = threading.Event()
+        if self.engine is not None and self.claimant is not None:
+            threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self._stop_beating.wait(db.HEARTBEAT_SECONDS):
+            try:
+                if not db.heartbeat(self.engine, self.run_id, self.claimant):
+                    self.lost = True
+                    return
+            except Exception:  # noqa: BLE001 - a database hiccup: try again next beat (stale only after many)
+                continue
+
+    def close(self) -> None:
+        self._stop_beating.set()
 
     def log(self, **point: Any) -> None:
         self.buffer.append(point)
@@ -81,7 +106,8 @@ class Recorder:
         self.last_flush = time.monotonic()
 
     def forget_after(self, step: int) -> None:
-        """Drop points logged after a checkpoint's step (a resumed run logs them again)."""
+        """Drop points logged after a checkpoint's step (a resumed run logs them again); -1: every point of
+        earlier attempts (a new attempt from step 0)."""
         if self.engine is not None:
             import sqlalchemy as sa
 
@@ -90,8 +116,8 @@ class Recorder:
                                                         db.Metric.split.in_(("train", "eval"))))
 
     def update(self, **fields: Any) -> None:
-        if self.engine is not None:
-            db.update_run(self.engine, self.run_id, **fields)
+        if self.engine is not None and not self.lost:
+            db.update_run(self.engine, self.run_id, claimant=self.claimant, **fields)
 
 
 # ---------------------------------------------------------------- state
@@ -116,7 +142,11 @@ class Progress:
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """Every generator's state as tensors and plain types (a checkpoint loads with weights_only=True)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    state = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -124,22 +154,42 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: Any, scaler: Any, progress: Progress) -> None:
-    """Atomic: written to a temporary file, then renamed over the old checkpoint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: Any, scaler: Any, progress: Progress,
+                    identity: dict[str, Any] | None = None) -> None:
+    """Atomic: written to a temporary file, then renamed over the old checkpoint. Tensors and plain types
+    only, so that `torch.load(..., weights_only=True)` reads it. A write that fails (full disk) leaves
+    the previous checkpoint and no partial file."""
     tmp = path.with_suffix(".tmp")
-    torch.save({
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-        "scaler": scaler.state_dict() if scaler is not None else None,
-        "progress": progress.__dict__, "rng": rng_state(),
-    }, tmp)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "progress": dict(progress.__dict__), "rng": rng_state(), "identity": identity,
+        }, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:  # torch reports a failed write as RuntimeError ("file write failed")
+        tmp.unlink(missing_ok=True)
+        raise AblateError(f"cannot write checkpoint {path} ({type(exc).__name__}: {str(exc).splitlines()[0]}); the "
+                          "previous checkpoint is kept. If the disk is full, free space and run the sweep again: "
+                          "the run resumes from its last checkpoint") from exc
+
+
+def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
+    """A checkpoint's contents, loaded with weights_only=True: a file that needs arbitrary code is refused."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file: say which and what to do
+        raise AblateError(f"checkpoint {path} cannot be read safely ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); "
+                          "ablate writes checkpoints of tensors and plain values only, so it is damaged, from an older "
+                          "ablate, or not ablate's: delete it to restart the run from step 0") from None
 
 
 # ---------------------------------------------------------------- data order
@@ -189,5 +239,9 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def run_dir(settings: Settings, trial: TrialConfig) -> Path:
-    name = f"run-{settings.run_id}-{trial.fingerprint()}" if settings.run_id is not None else trial.fingerprint()
-    return settings.artifacts / "runs" / name
+    """runs/<database id>/run-<id>-<fingerprint>: run ids restart at 1 in every results database, so a
+    folder is keyed by the database too (a fresh DB never resumes another DB's checkpoint)."""
+    if settings.run_id is None:
+        return settings.artifacts / "runs" / "unrecorded" / trial.fingerprint()
+    db_id = settings.db_id or db.database_id(db.connect(settings.db_url))
+    return settings.artifacts / "runs" / db_id[:16] / f"run-{settings.run_id}-{trial.fingerprint()}"

@@ -159,15 +159,18 @@ def open_storage(url: str | None = None, *, create: bool = False, heartbeat_seco
     Optuna's own (`alembic_version`) and its schema version check work as on a database of its own.
     """
     url = db.resolve_url(url)
-    db.connect(url)
+    db.connect(url) if create else db.reader(url)  # reading a study (its report) never creates or migrates
     is_sqlite = sa.make_url(url).get_backend_name() == "sqlite"
     engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if is_sqlite else {"pool_pre_ping": True}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeat_interval
-        return optuna.storages.RDBStorage(
+        storage = optuna.storages.RDBStorage(
             url, engine_kwargs=engine_kwargs, skip_table_creation=not create,
             heartbeat_interval=heartbeat_seconds, grace_period=grace_seconds, heartbeat_stale_trial_callback=requeue,
         )
+    if create:  # `ablate sql` (as the reader role on PostgreSQL) may join runs with Optuna's trials
+        db.grant_reader(db.connect(url))
+    return storage
 
 
 def create_study(spec: SweepSpec, db_url: str | None = None, spec_path: str | None = None,
@@ -387,9 +390,8 @@ class _EvalFollower:
 
 
 def _is_live(run: db.Run) -> bool:
-    """A running row with a trainer behind it: alive here, or on another machine (which cannot be checked from here)."""
-    here = socket.gethostname()
-    return run.status == "running" and run.host is not None and (run.host != here or runner.pid_alive(run.pid))
+    """A running row whose claimant beats its heartbeat (here or on another host)."""
+    return db.is_live(run)
 
 
 def _register(engine: sa.Engine, spec: SweepSpec, config: TrialConfig, spec_path: str | None) -> int:
@@ -440,9 +442,12 @@ def run_one(study: optuna.Study, storage: optuna.storages.RDBStorage, trial: opt
             _follow(engine, run_id, follower, poll_seconds)
             run = db.get_run(engine, run_id)
         if run.status not in db.FINISHED and not (stop is not None and stop.is_set()):
-            status = runner.run_trial(run_id, opts, should_stop=follower.should_stop, poll_seconds=poll_seconds)
+            status = runner.run_trial(run_id, opts, should_stop=follower.should_stop, poll_seconds=poll_seconds,
+                                      statuses=db.OWED_UNSTARTED)
             if status == "preempted" and follower.pruned:
                 db.update_run(engine, run_id, status="pruned", finished_at=db.utcnow())
+            elif status == "running":  # another process claimed it first: follow that one
+                _follow(engine, run_id, follower, poll_seconds)
         follower.report_new()  # evals logged after the last poll
         return _tell(study, trial, db.get_run(engine, run_id))
     except optuna.exceptions.UpdateFinishedTrialError:

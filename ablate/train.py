@@ -30,8 +30,8 @@ from ablate import data as data_mod
 from ablate import db, models, objectives
 from ablate.errors import AblateError
 from ablate.runstate import (
-    Batches, Dist, Progress, Recorder, Settings, check_memory, is_oom, peak_memory_mb, rng_state, run_dir,
-    save_checkpoint, set_rng_state,
+    Batches, Dist, Progress, Recorder, Settings, check_memory, is_oom, load_checkpoint, peak_memory_mb, rng_state,
+    run_dir, save_checkpoint, set_rng_state,
 )
 from ablate.spec import TrialConfig
 
@@ -108,22 +108,23 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
 
     progress = Progress(micro_batch=trial.batch_size, grad_accum=trial.grad_accum)
     ckpt_path = run_dir(settings, trial) / "checkpoint.pt"
+    identity = {"db_id": settings.db_id, "run_id": settings.run_id, "fingerprint": trial.fingerprint()}
     resumed = False
     if settings.resume and ckpt_path.exists():
-        try:
-            state = torch.load(ckpt_path, map_location=device, weights_only=False)
-        except Exception as exc:  # noqa: BLE001 - any unreadable file: say which and what to do
-            raise AblateError(f"checkpoint {ckpt_path} cannot be read ({type(exc).__name__}: {exc}); checkpoints are "
-                              "written atomically, so something else changed it: delete it to restart this run from "
-                              "step 0") from exc
+        state = load_checkpoint(ckpt_path, map_location=device)
+        theirs = state.get("identity") or {}
+        if any(theirs.get(k) not in (None, v) for k, v in identity.items()):
+            raise AblateError(f"checkpoint {ckpt_path} belongs to another run ({theirs}), not {identity}; move it away "
+                              "or delete it to restart this run from step 0")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         if scaler is not None and state["scaler"] is not None:
             scaler.load_state_dict(state["scaler"])
         progress = Progress(**state["progress"])
         set_rng_state(state["rng"])
-        recorder.forget_after(progress.step)
         resumed = True
+    # points past the checkpoint (or, starting from step 0, every point of earlier attempts) are logged anew
+    recorder.forget_after(progress.step if resumed else -1)
 
     progress.rows = len(prepared.train)  # epochs = samples / rows (a checkpoint from before this field lacks it)
     batches = Batches(prepared.train, trial.seed, dist_)
@@ -229,14 +230,18 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
         while True:
             f = fraction()
             # ---- stop check every step; all ranks agree (one tiny all-reduce in DDP)
+            if recorder.lost:  # another process took this run over (we were thought dead): stop, write nothing
+                preempt["flag"] = True
             want_stop = f >= 1.0 or preempt["flag"]
             want_log = (log_every_s is not None and clock.elapsed() - last_log_t >= log_every_s) or (
                 log_every_steps is not None and progress.step % log_every_steps == 0 and progress.step > 0
             ) or (kind in ("tokens", "flops") and progress.step % 50 == 0 and progress.step > 0)
             if dist_.world > 1:
-                flags = torch.tensor([float(want_stop), float(want_log), float(preempt["flag"])], device=device)
+                flags = torch.tensor([float(want_stop), float(want_log), float(preempt["flag"]), float(recorder.lost)],
+                                     device=device)
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX)
                 want_stop, want_log, preempt["flag"] = bool(flags[0]), bool(flags[1]), bool(flags[2])
+                recorder.lost = bool(flags[3])
             if want_log or want_stop:
                 with clock.paused("bookkeeping"):
                     s, c = _reduce(interval_sum, interval_count, dist_)
@@ -270,7 +275,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
             if time.monotonic() - last_ckpt_wall >= settings.checkpoint_every:
                 with clock.paused("checkpoint"):
                     _checkpoint(ckpt_path, model, optimizer, scaler, progress, clock, recorder, dist_,
-                                (interval_sum, interval_count))
+                                (interval_sum, interval_count), identity)
                 last_ckpt_wall = time.monotonic()
             # ---- one training step
             lr = bud.lr_at(f, trial.lr, trial.schedule, trial.warmup)
@@ -299,10 +304,13 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
             signal.signal(signal.SIGTERM, previous_handler)
     clock.stop()
     progress.elapsed = clock.elapsed()
+    if recorder.lost:
+        recorder.close()
+        return {"status": "lost", "error": "another process took this run over (its heartbeat was stale)"}
 
     if status == "preempted":
         _checkpoint(ckpt_path, model, optimizer, scaler, progress, clock, recorder, dist_,
-                                (interval_sum, interval_count))
+                                (interval_sum, interval_count), identity)
         return _finalize(recorder, status, None, progress, clock, device, params, flops_per_token, device_name, None, None)
     if status == "diverged":
         recorder.flush()
@@ -315,7 +323,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     final_train = _final_train_loss(progress.intervals)
     with clock.paused("checkpoint"):
         _checkpoint(ckpt_path, model, optimizer, scaler, progress, clock, recorder, dist_,
-                                (interval_sum, interval_count))
+                                (interval_sum, interval_count), identity)
         if dist_.is_main:
             prepared.save_tokenizer(ckpt_path.parent / "tokenizer")
     if not math.isfinite(final_eval):
@@ -373,14 +381,15 @@ def _final_train_loss(intervals: list[tuple[float, float, float]], tail: float =
 
 
 def _checkpoint(path: Path, model: Any, optimizer: Any, scaler: Any, progress: Progress, clock: bud.Clock,
-                recorder: Recorder, dist_: Dist, interval: tuple[torch.Tensor, torch.Tensor]) -> None:
+                recorder: Recorder, dist_: Dist, interval: tuple[torch.Tensor, torch.Tensor],
+                identity: dict[str, Any] | None = None) -> None:
     """Metrics are flushed first: after a crash the DB holds every point up to the checkpoint."""
     progress.elapsed = clock.elapsed()
     progress.open_interval = (float(interval[0]), float(interval[1]))
     progress.meters = dict(clock.meters)
     if dist_.is_main:
         recorder.flush()
-        save_checkpoint(path, model, optimizer, scaler, progress)
+        save_checkpoint(path, model, optimizer, scaler, progress, identity)
     if dist_.world > 1:
         dist.barrier()
 
@@ -439,6 +448,7 @@ def _finalize(recorder: Recorder, status: str, error: str | None, progress: Prog
         finished_at=db.utcnow(),
     )
     recorder.update(**outcome)
+    recorder.close()
     return outcome
 
 
@@ -519,28 +529,57 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: every core)")
     args = p.parse_args(argv)
     dist_ = _init_dist()
+    engine = claimant = None
     try:
+        db_id = None
         if args.run_id is not None:
             engine = db.connect(args.db)
-            trial = TrialConfig.model_validate(db.get_run(engine, args.run_id).config)
-            engine.dispose()
+            run = db.get_run(engine, args.run_id)
+            trial = TrialConfig.model_validate(run.config)
+            db_id = db.database_id(engine)
+            claimant = _claim(engine, run, dist_)
         else:
             text = Path(args.config[1:]).read_text() if args.config.startswith("@") else args.config
             trial = TrialConfig.model_validate(json.loads(text))
         settings = Settings(artifacts=Path(args.artifacts).resolve(), db_url=args.db, run_id=args.run_id,
                             checkpoint_every=args.checkpoint_every, memory_cap_mb=args.memory_cap_mb,
                             resume=not args.no_resume, progress=not args.quiet, device=args.device,
-                            threads=args.threads)
+                            threads=args.threads, claimant=claimant, db_id=db_id)
         outcome = train(trial, settings, dist_)
         if dist_.is_main:
             print(json.dumps({k: v for k, v in outcome.items() if k not in ("notes", "finished_at")}, default=str))
         return 0 if outcome["status"] in ("completed", "oom", "diverged") else 3
-    except AblateError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:  # recorded on the run row (under our claim), so no run stays `running`
+        message = str(exc) if isinstance(exc, AblateError) else "".join(traceback.format_exception(exc))[-4000:]
+        if engine is not None and claimant is not None and dist_.is_main:
+            try:
+                db.update_run(engine, args.run_id, claimant=claimant, status="failed", error=db.redact(message),
+                              pid=None, finished_at=db.utcnow())
+            except Exception:  # noqa: BLE001 - the database itself may be the problem (full disk)
+                pass
+        print(f"error: {db.redact(message)}", file=sys.stderr)
+        return 2 if isinstance(exc, AblateError) else 1
     finally:
         if dist_.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _claim(engine: Any, run: db.Run, dist_: Dist) -> str | None:
+    """The claim this trainer runs under: the runner's (ABLATE_CLAIMANT), checked, or, started by hand, its own."""
+    claimant = os.environ.get("ABLATE_CLAIMANT")
+    if claimant is not None:
+        if run.claimed_by != claimant:
+            raise AblateError(f"run {run.id} is claimed by {run.claimed_by}, not by the runner that started this trainer "
+                              f"({claimant}); it is trained elsewhere")
+        return claimant
+    if not dist_.is_main:
+        return None
+    claimant = db.new_claimant()
+    takeable = [s for s in db.RUN_STATUSES if s != "running"]  # by hand: any run nobody is training now
+    if not db.claim_run(engine, run.id, claimant, statuses=takeable):
+        raise AblateError(f"run {run.id} is being trained by {run.claimed_by} (heartbeat {run.heartbeat_at} UTC); wait "
+                          f"for it, or for its heartbeat to be {db.STALE_SECONDS:.0f} s old if that process died")
+    return claimant
 
 
 if __name__ == "__main__":

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import sqlalchemy as sa
 from prefect import flow
 
+from ablate import db
+from ablate.errors import AblateError
 from ablate.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,6 +38,10 @@ def deploy_all(sweeps_dir: Path = REPO / "sweeps", db_url: str | None = None, ar
                slots: dict[str, int] | None = None, source: Path = REPO) -> list[str]:
     """Register every deployment; returns their names ("sweep/smoke", "trial/cpu", ...)."""
     slots = slots or {}
+    if db_url and sa.make_url(db.resolve_url(db_url)).password:
+        raise AblateError("--db carries a password, which Prefect would keep in plain text in every deployment's "
+                          "parameters: deploy without --db and give the workers ABLATE_DB_URL in their environment (as "
+                          "docker-compose.yml does), or use the URL without its password plus PGPASSWORD or ~/.pgpass")
     specs = {p: load_spec(p) for p in sorted(sweeps_dir.glob("*.yaml"))}
     names = []
     ensure_pool(SWEEP_POOL, None)

@@ -18,12 +18,14 @@ from ablate import db, runner
 @flow(name="trial", log_prints=True)
 def trial(run_id: int, db_url: str | None = None, artifacts: str = "results/artifacts",
           checkpoint_every: float = 600.0, memory_cap_mb: float | None = None,
-          gpu_ids: list[int] | None = None, threads: int | None = None) -> str:
-    """Train one run (resuming from its checkpoint) and return its status."""
+          gpu_ids: list[int] | None = None, threads: int | None = None, retry_failed: bool = False) -> str:
+    """Claim one run and train it (resuming from its checkpoint); its status. A run another process holds
+    or finished is left alone (its current status is returned)."""
     opts = runner.RunOptions(db_url=db_url, artifacts=Path(artifacts), checkpoint_every=checkpoint_every,
                              memory_cap_mb=memory_cap_mb, gpu_ids=tuple(gpu_ids) if gpu_ids is not None else None,
                              threads=threads)
-    status = runner.run_trial(run_id, opts)
+    statuses = runner.CLAIMABLE + (("cancelled",) if retry_failed else ())
+    status = runner.run_trial(run_id, opts, statuses=statuses)
     get_run_logger().info("run %s: %s", run_id, status)
     return status
 
@@ -42,14 +44,20 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
     engine = db.connect(db_url)
     todo = runner.runs_to_do(engine, sweep_id, run_ids, retry_failed=retry_failed)
     log.info("sweep %s: %d trials, %d to run", parsed.name, len(run_ids), len(todo))
-    kwargs = dict(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every, memory_cap_mb=memory_cap_mb)
+    kwargs = dict(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every, memory_cap_mb=memory_cap_mb,
+                  retry_failed=retry_failed)
     if use_deployments:
         return _dispatch_to_pool(parsed.budget.hardware, todo, {**kwargs, "threads": threads})
     gpus_per_trial = parsed.budget.gpus
     slots = max(1, gpu_slots // gpus_per_trial)
     kwargs["threads"] = threads or runner.default_threads(min(slots, max(1, len(todo))), gpus_per_trial)
     if slots == 1:
-        return {rid: trial(rid, **kwargs, gpu_ids=None) for rid in todo}
+        results = {}
+        for rid in todo:
+            if runner.STOP.is_set():  # the user stopped the sweep: no new trial starts
+                break
+            results[rid] = trial(rid, **kwargs, gpu_ids=None)
+        return results
     # one trial per slot at a time, each with its own CUDA_VISIBLE_DEVICES
     groups = [list(range(s * gpus_per_trial, (s + 1) * gpus_per_trial)) for s in range(slots)]
     results: dict[int, str] = {}
@@ -60,11 +68,11 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
             futures[s] = pool.submit(_drain, queue, groups[s], kwargs, results)
         for f in futures.values():
             f.result()
-    return {rid: results[rid] for rid in todo}
+    return {rid: results[rid] for rid in todo if rid in results}
 
 
 def _drain(queue: list[int], gpu_ids: list[int], kwargs: dict, results: dict[int, str]) -> None:
-    while True:
+    while not runner.STOP.is_set():
         try:
             rid = queue.pop(0)  # list.pop is atomic under the GIL
         except IndexError:

@@ -127,15 +127,21 @@ def test_four_processes_writing_into_one_sqlite_file_lose_nothing(tmp_path):
         assert conn.execute(sa.text("PRAGMA journal_mode")).scalar() == "wal"
 
 
-def test_a_database_made_at_the_first_schema_keeps_its_rows_through_upgrade(tmp_path):
+def at_revision(url: str, revision: str):
+    """An engine on a database migrated to `revision` only (an older ablate's schema)."""
     from alembic import command
 
-    url = f"sqlite:///{tmp_path / 'v1.db'}"
     engine = db.make_engine(url)
     cfg = db._alembic_config(engine)
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0001")
+        command.upgrade(cfg, revision)
+    return engine
+
+
+def test_a_database_made_at_the_first_schema_keeps_its_rows_through_upgrade(tmp_path):
+    url = f"sqlite:///{tmp_path / 'v1.db'}"
+    engine = at_revision(url, "0001")
     with engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO sweeps (name, description, spec, spec_fingerprint, created_at, updated_at) "
                              "VALUES ('old', '', '{}', 'x', '2026-01-01', '2026-01-01')"))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -89,11 +89,12 @@ def test_killed_trial_is_resumed_by_the_next_sweep_without_duplicate_metrics(pre
     art = tmp_path / "art"
     # a trainer started as the runner would, killed once it has a checkpoint and metrics past it
     opts = runner.RunOptions(db_url=url, artifacts=art, checkpoint_every=1.0, threads=1)
-    db.mark_running(db.connect(url), run_id)
-    proc = subprocess.Popen(runner.trainer_command(runner.TrialConfig.model_validate(db.get_run(db.connect(url), run_id).config), run_id, opts))
+    db.claim_run(db.connect(url), run_id, "test")
+    proc = subprocess.Popen(runner.trainer_command(runner.TrialConfig.model_validate(db.get_run(db.connect(url), run_id).config), run_id, opts),
+                            env={**os.environ, "ABLATE_DB_URL": url, "ABLATE_CLAIMANT": "test"})
     db.update_run(db.connect(url), run_id, pid=proc.pid)
     deadline = time.time() + 180
-    while time.time() < deadline and not (list(art.glob("runs/*/checkpoint.pt")) and metric_count(url, run_id) >= 3):
+    while time.time() < deadline and not (list(art.glob("runs/*/*/checkpoint.pt")) and metric_count(url, run_id) >= 3):
         time.sleep(0.2)
     time.sleep(0.3)
     assert proc.poll() is None, "the trainer finished before it could be killed: raise `steps`"
@@ -133,10 +134,11 @@ def test_runs_to_do_rules(sqlite_url, tmp_path):
     engine = db.connect(sqlite_url)
     db.update_run(engine, ids[0], status="completed")
     db.update_run(engine, ids[1], status="failed", attempts=runner.MAX_ATTEMPTS)
-    db.update_run(engine, ids[2], status="running", pid=None)  # stale: no live process
+    stale = db.utcnow() - dt.timedelta(seconds=db.STALE_SECONDS + 1)
+    db.update_run(engine, ids[2], status="running", heartbeat_at=stale)  # its claimant died (any host)
     assert runner.runs_to_do(engine, sweep_id, ids) == [ids[2], ids[3]]
     assert runner.runs_to_do(engine, sweep_id, ids, retry_failed=True) == [ids[1], ids[2], ids[3]]
-    db.update_run(engine, ids[3], status="running", pid=os.getpid(), host=socket.gethostname())  # live here
+    db.update_run(engine, ids[3], status="running", heartbeat_at=db.utcnow())  # a live claimant, on any host
     assert runner.runs_to_do(engine, sweep_id, ids) == [ids[2]]
 
 

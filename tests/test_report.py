@@ -41,7 +41,7 @@ def filled(tmp_path_factory):
     engine = db.connect(url)
     for rid in ids:
         trial = TrialConfig.model_validate(db.get_run(engine, rid).config)
-        db.mark_running(engine, rid)
+        db.claim_run(engine, rid, "test")
         train(trial, Settings(artifacts=tmp / "art", db_url=url, run_id=rid, progress=False, log_points=6))
     return url, ids, tmp
 
@@ -147,13 +147,14 @@ def test_memory_report_shows_oom_cells(tmp_path):
 
 def test_report_shows_each_runs_completion_of_the_prompt(filled, capsys):
     url, ids, tmp = filled
-    report = build_report("smoke", url, tmp / "samples", formats=("md",))
+    report = build_report("smoke", url, tmp / "samples", formats=("md",), artifacts=tmp / "art")
     text = (report.out / "report.md").read_text()
     assert "Completions of the prompt" in text
     assert sum(line.startswith("- run ") for line in text.splitlines()) == len(ids)
     from ablate.cli import main
 
-    assert main(["generate", str(ids[0]), "--prompt", "Once upon a time", "--db", url, "--max-new", "8"]) == 0
+    assert main(["generate", str(ids[0]), "--prompt", "Once upon a time", "--db", url, "--max-new", "8",
+                 "--artifacts", str(tmp / "art")]) == 0
     out = capsys.readouterr().out
     assert out.startswith("Once upon a time") and len(out.strip()) > len("Once upon a time")
 

@@ -177,7 +177,8 @@ def trained_run(tmp_path_factory):
 def test_retrieval_study_on_a_trained_run(trained_run):
     url, run_id, trial = trained_run
     pairs = R.pairs_from_stories()
-    table = R.retrieval_study([run_id], url, pairs, candidates=[8], steps=300, lr=1e-3, progress=False)
+    table = R.retrieval_study([run_id], url, pairs, candidates=[8], steps=300, lr=1e-3, progress=False,
+                                artifacts=Path(url.removeprefix("sqlite:///")).parent / "art")
     assert list(table[["run_id", "architecture", "d_model", "c"]].iloc[0]) == [run_id, "mixer", 32, 8]
     row = table.iloc[0]
     assert math.isfinite(row.eval_loss) and 0.0 <= row.accuracy <= 1.0 and row.chance_loss == pytest.approx(math.log(8))
@@ -210,7 +211,8 @@ def test_the_retrieval_stage_of_a_sweep_records_every_cell_and_writes_its_table(
 
     url, run_id, _ = trained_run
     for _ in range(2):  # a second stage replaces the first's cells
-        assert main(["retrieval", "retrieval", "--db", url, "--out", str(tmp_path), "--quiet"]) == 0
+        assert main(["retrieval", "retrieval", "--db", url, "--out", str(tmp_path), "--quiet",
+                     "--artifacts", str(Path(url.removeprefix("sqlite:///")).parent / "art")]) == 0
     with db.connect(url).connect() as conn:
         import sqlalchemy as sa
 

@@ -195,7 +195,7 @@ def test_a_trial_whose_config_is_already_training_follows_that_run(sqlite_url, a
     config = search.suggest_trial(optuna.create_study().ask(), spec)
     _, (run_id,) = db.register_sweep(engine, spec, [config])
     trainer = subprocess.Popen(["sleep", "60"])  # stands in for the trainer another worker started
-    db.mark_running(engine, run_id)
+    db.claim_run(engine, run_id, "test")
     db.update_run(engine, run_id, pid=trainer.pid)
 
     def finish() -> None:  # ... which finishes a moment later
@@ -353,7 +353,7 @@ def test_a_trial_whose_trainer_fails_is_fail_and_the_study_goes_on(sqlite_url, t
     # the first trial's run finds an unreadable checkpoint in its run directory: its trainer fails at start-up
     doomed = search.suggest_trial(optuna.trial.FixedTrial({"lr": 1e-3}), spec)
     run_id = search._register(db.connect(sqlite_url), spec, doomed, None)
-    checkpoint = run_dir(Settings(artifacts=artifacts, run_id=run_id), doomed) / "checkpoint.pt"
+    checkpoint = run_dir(Settings(artifacts=artifacts, run_id=run_id, db_url=sqlite_url), doomed) / "checkpoint.pt"
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_bytes(b"not a checkpoint")
     study.enqueue_trial({"lr": 1e-3})

@@ -166,10 +166,10 @@ def test_a_run_killed_midway_resumes_the_same_trajectory_without_duplicate_metri
     url_b = f"sqlite:///{tmp_path / 'b.db'}"
     run_b = registered(url_b, trial)
     proc = subprocess.Popen(_train_cmd(url_b, run_b, tmp_path / "art-b", 1.0))
-    ckpt = next((tmp_path / "art-b").glob("runs/*"), None) if (tmp_path / "art-b" / "runs").exists() else None
+    ckpt = None
     deadline = time.time() + 240
     while time.time() < deadline:
-        ckpt = next(iter((tmp_path / "art-b").glob("runs/*/checkpoint.pt")), None)
+        ckpt = next(iter((tmp_path / "art-b").glob("runs/*/*/checkpoint.pt")), None)
         if ckpt is not None and len(metric_rows(url_b, run_b, "train")) >= 3:
             break
         time.sleep(0.2)
@@ -178,7 +178,7 @@ def test_a_run_killed_midway_resumes_the_same_trajectory_without_duplicate_metri
     assert proc.poll() is None, "the trainer finished before it could be killed: raise `steps`"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert db.get_run(db.connect(url_b), run_b).status == "pending"  # never finished
+    assert db.get_run(db.connect(url_b), run_b).status == "running"  # never finished; its claimant is dead
     subprocess.run(_train_cmd(url_b, run_b, tmp_path / "art-b", 1.0), check=True, timeout=300)
     a, b = metric_rows(url_a, run_a), metric_rows(url_b, run_b)
     assert [(r.split, r.step) for r in a] == [(r.split, r.step) for r in b]

@@ -1,0 +1,410 @@
+"""Hardening: one trainer per run (atomic claims, heartbeats), artifacts keyed by database, checkpoints that
+cannot run code, restarts, signals, full disks, read-only and foreign databases, secrets.
+
+(The read-only `ablate sql` is in test_hardening_sql.py, spec validation in test_hardening_spec.py.)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import pickle
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import torch
+import yaml
+
+from ablate import db, runner
+from ablate.errors import AblateError
+from ablate.train import Settings, train
+from test_train import make_trial, metric_rows, registered
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_url(request):
+    return request.getfixturevalue(f"{request.param}_url")
+
+
+def grid_spec(tmp_path: Path, name: str = "claims", d_models=(32, 48, 64), steps: int = 20) -> Path:
+    data = {
+        "name": name,
+        "dataset": {"source": "ablate:tinystories-sample", "eval": {"holdout": 16}, "packing": "pad"},
+        "tokenizer": {"vocab_size": 384},
+        "budget": {"steps": steps, "hardware": "cpu"},
+        "eval": {"at": [0.5]},
+        "defaults": {"architecture": "mixer", "layers": 1, "context": 64, "batch_size": 8, "lr": 3e-3,
+                     "precision": "fp32"},
+        "grid": [{"d_model": list(d_models)}],
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "ABLATE_DB_URL"}
+    return {**env, "PYTHONPATH": str(REPO), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", **extra}
+
+
+# ---------------------------------------------------------------- claims
+
+
+def test_racing_claims_on_one_run_have_exactly_one_winner(any_url, tmp_path):
+    _, _, ids = runner.register(grid_spec(tmp_path), any_url)
+    engine = db.connect(any_url)
+    barrier = threading.Barrier(8)
+    wins: list[str] = []
+
+    def contender(i: int) -> None:
+        barrier.wait()
+        if db.claim_run(engine, ids[0], f"contender-{i}"):
+            wins.append(f"contender-{i}")
+
+    threads = [threading.Thread(target=contender, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1
+    run = db.get_run(engine, ids[0])
+    assert run.claimed_by == wins[0] and run.status == "running" and run.attempts == 1
+
+
+def test_a_stale_claim_is_taken_over_and_the_old_claimant_is_fenced_off(any_url, tmp_path):
+    _, _, ids = runner.register(grid_spec(tmp_path), any_url)
+    engine = db.connect(any_url)
+    assert db.claim_run(engine, ids[0], "host-a:1:x")
+    assert not db.claim_run(engine, ids[0], "host-b:1:y")  # live: refused
+    stale = db.utcnow() - dt.timedelta(seconds=db.STALE_SECONDS + 5)
+    db.update_run(engine, ids[0], heartbeat_at=stale)  # host-a died
+    assert db.claim_run(engine, ids[0], "host-b:1:y")
+    assert not db.heartbeat(engine, ids[0], "host-a:1:x")  # a back-from-the-dead host learns it lost the run
+    assert not db.update_run(engine, ids[0], claimant="host-a:1:x", status="completed")
+    run = db.get_run(engine, ids[0])
+    assert run.status == "running" and run.claimed_by == "host-b:1:y" and run.attempts == 2
+
+
+def test_claims_do_not_take_finished_or_cancelled_runs(sqlite_url, tmp_path):
+    _, _, ids = runner.register(grid_spec(tmp_path), sqlite_url)
+    engine = db.connect(sqlite_url)
+    db.update_run(engine, ids[0], status="completed")
+    db.update_run(engine, ids[1], status="cancelled")
+    assert not db.claim_run(engine, ids[0], "a", runner.CLAIMABLE)
+    assert not db.claim_run(engine, ids[1], "a", runner.CLAIMABLE)
+    assert db.claim_run(engine, ids[1], "a", runner.CLAIMABLE + ("cancelled",))  # --retry-failed
+
+
+def test_concurrent_registration_of_one_sweep_does_not_fail(any_url, tmp_path):
+    spec = grid_spec(tmp_path, d_models=(32, 48, 64, 80, 96, 112))
+    barrier = threading.Barrier(4)
+    results, errors = [], []
+
+    def register() -> None:
+        barrier.wait()
+        try:
+            results.append(runner.register(spec, any_url)[2])
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=register) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len({tuple(r) for r in results}) == 1 and len(results[0]) == 6
+
+
+@pytest.mark.slow
+def test_two_runners_and_a_search_at_once_train_each_trial_exactly_once(any_url, tmp_path):
+    from test_search import tiny, write_spec
+
+    spec = grid_spec(tmp_path, d_models=(32, 48, 64))
+    # a search whose two workers sample the same config: one trains it, the other follows that run
+    search_spec = write_spec(tmp_path, tiny(n_trials=2, sampler="random",
+                                            parameters={"heads": {"type": "categorical", "choices": [2]}}))
+    art = tmp_path / "art"
+    runner.register(spec, any_url)  # the caches, once, so the race is about runs rather than tokenizing
+    from ablate.data import prepare
+    from ablate.spec import load_trials
+
+    trial = load_trials(spec)[1][0]
+    prepare(trial.dataset, trial.tokenizer, trial.context, art, progress=False)
+    env = cli_env()
+    common = ["--db", any_url, "--artifacts", str(art), "--threads", "1"]
+    procs = [subprocess.Popen([sys.executable, "-m", "ablate.cli", "sweep", "run", str(spec), *common], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    procs.append(subprocess.Popen([sys.executable, "-m", "ablate.cli", "search", "run", str(search_spec), "--workers",
+                                   "2", *common], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=540)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outputs
+    engine = db.connect(any_url)
+    with engine.connect() as conn:
+        runs = conn.execute(sa.select(db.Run.id, db.Run.status, db.Run.attempts)).all()
+        points = conn.execute(sa.select(db.Metric.run_id, db.Metric.split, db.Metric.step)).all()
+    assert len(runs) == 4  # three grid trials and the search's one config
+    assert all(r.status == "completed" and r.attempts == 1 for r in runs), runs  # each trained exactly once
+    assert len(points) == len(set(points))
+
+
+# ---------------------------------------------------------------- artifacts, checkpoints, restarts
+
+
+def test_a_fresh_database_never_resumes_another_databases_checkpoint(tmp_path):
+    trial = make_trial(budget={"steps": 20})
+    art = tmp_path / "art"
+    urls = [f"sqlite:///{tmp_path / name}" for name in ("a.db", "b.db")]
+    outs = []
+    for url in urls:
+        run_id = registered(url, trial)
+        assert run_id == 1  # the same run id in both databases
+        outs.append(train(trial, Settings(artifacts=art, db_url=url, run_id=run_id, progress=False)))
+    paths = [db.get_run(db.connect(url), 1).checkpoint_path for url in urls]
+    assert paths[0] != paths[1] and all(Path(p).exists() for p in paths)
+    assert outs[1]["steps"] == 20 and len(metric_rows(urls[1], 1, "train")) == len(metric_rows(urls[0], 1, "train"))
+    assert outs[1]["train_seconds"] > 0.5 * outs[0]["train_seconds"]  # trained, not resumed at its end
+
+
+class _Exploit:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_checkpoints_load_weights_only_and_a_crafted_one_runs_no_code(tmp_path, capsys):
+    from ablate.cli import main
+    from ablate.generate import load_run_model
+    from ablate.runstate import load_checkpoint
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    trial = make_trial(budget={"steps": 5})
+    run_id = registered(url, trial)
+    art = tmp_path / "art"
+    train(trial, Settings(artifacts=art, db_url=url, run_id=run_id, progress=False))
+    path = Path(db.get_run(db.connect(url), run_id).checkpoint_path)
+    state = torch.load(path, weights_only=True)  # plain tensors and values
+    assert set(state) >= {"model", "optimizer", "progress", "rng", "identity"}
+    assert load_run_model(run_id, url, art)[0].fingerprint() == trial.fingerprint()
+    # a crafted file in place of the checkpoint: refused, and its payload never runs
+    marker = tmp_path / "pwned"
+    with open(path, "wb") as f:
+        pickle.dump({"model": _Exploit(marker)}, f)
+    with pytest.raises(AblateError, match="cannot be read safely"):
+        load_checkpoint(path)
+    assert main(["generate", str(run_id), "--prompt", "Once", "--db", url, "--artifacts", str(art)]) == 2
+    assert not marker.exists()
+    # a row that names a file outside the artifacts folder is not opened
+    db.update_run(db.connect(url), run_id, checkpoint_path=str(tmp_path / "elsewhere" / "checkpoint.pt"))
+    with pytest.raises(AblateError, match="outside the artifacts folder"):
+        load_run_model(run_id, url, art)
+
+
+def test_a_new_attempt_from_step_zero_replaces_the_killed_attempts_points(sqlite_url):
+    trial = make_trial(budget={"steps": 30})
+    run_id = registered(sqlite_url, trial)
+    # a first attempt killed before its first checkpoint left points behind
+    stale = [dict(step=s, split="train", elapsed_seconds=0.1 * s, tokens=s, loss=123.0, lr=None) for s in range(1, 40)]
+    db.write_metrics(db.connect(sqlite_url), run_id, stale)
+    train(trial, Settings(artifacts=Path(sqlite_url.removeprefix("sqlite:///")).parent / "art", db_url=sqlite_url,
+                          run_id=run_id, progress=False, log_points=10))
+    rows = metric_rows(sqlite_url, run_id)
+    assert rows and all(r.loss != 123.0 for r in rows)
+    assert max(r.step for r in rows if r.split == "train") <= 30
+
+
+# ---------------------------------------------------------------- signals, full disks
+
+
+def _children(pid: int) -> set[int]:
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.add(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_sweep_cleanly_and_says_how_to_resume(tmp_path):
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    data = yaml.safe_load(grid_spec(tmp_path, d_models=(32, 48)).read_text())
+    data["budget"] = {"wall_clock": "10m", "hardware": "cpu"}
+    spec = tmp_path / "long.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    cli = subprocess.Popen([sys.executable, "-m", "ablate.cli", "sweep", "run", str(spec), "--db", url, "--artifacts",
+                            str(tmp_path / "art"), "--threads", "1", "--checkpoint-every", "5"], env=cli_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    trainer = None
+    while time.time() < deadline and trainer is None:
+        time.sleep(1)
+        if Path(url.removeprefix("sqlite:///")).exists():
+            with db.connect(url).connect() as conn:
+                trainer = conn.execute(sa.select(db.Run.pid).where(db.Run.status == "running",
+                                                                    db.Run.steps.is_(None), db.Run.pid.isnot(None))).scalar()
+        assert cli.poll() is None, cli.communicate()
+    assert trainer is not None, "no trainer started"
+    time.sleep(8)  # past warm-up, into training
+    helpers = _children(cli.pid)  # the local Prefect server, the trainer's runner threads' processes
+    cli.send_signal(signal.SIGINT)
+    out, err = cli.communicate(timeout=200)
+    assert cli.returncode == 130, (out, err)
+    assert "resume it with: ablate sweep run" in err
+    assert not runner.pid_alive(trainer)
+    time.sleep(2)
+    assert not [p for p in helpers if runner.pid_alive(p) and Path(f"/proc/{p}").exists()
+                and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]], "a helper outlived the sweep"
+    statuses = runner.sweep_runs(db.connect(url), "claims")
+    assert sorted(r.status for r in statuses) == ["pending", "preempted"]  # the second trial never started
+    preempted = next(r for r in statuses if r.status == "preempted")
+    assert Path(preempted.checkpoint_path).exists() and preempted.steps > 0
+
+
+def test_a_checkpoint_that_cannot_be_written_fails_the_run_cleanly(tmp_path):
+    """A real write failure (a file-size limit on the trainer, EFBIG like ENOSPC): a message, no partial
+    checkpoint, no run left `running`."""
+    from ablate.data import prepare
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    trial = make_trial(d_model=128, budget={"steps": 5})  # a checkpoint of several MB
+    run_id = registered(url, trial)
+    art = tmp_path / "art"
+    prepare(trial.dataset, trial.tokenizer, trial.context, art, progress=False)  # caches written before the limit
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failing write, not a killed process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    proc = subprocess.run([sys.executable, "-m", "ablate.train", "--run-id", str(run_id), "--artifacts", str(art),
+                           "--quiet", "--threads", "1"], env=cli_env(ABLATE_DB_URL=url), preexec_fn=limit,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot write checkpoint" in proc.stderr
+    run = db.get_run(db.connect(url), run_id)
+    assert run.status == "failed" and "cannot write checkpoint" in run.error
+    assert not list(art.glob("runs/**/*.tmp"))
+
+
+# ---------------------------------------------------------------- databases: read-only, foreign, newer, migrations
+
+
+def test_a_read_only_database_says_read_only(postgres_url, tmp_path, capsys):
+    from ablate.cli import main
+
+    spec = grid_spec(tmp_path)
+    runner.register(spec, postgres_url)
+    db._ENGINES.clear()
+    name = sa.make_url(postgres_url).database
+    admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on'))
+    admin.dispose()
+    spec.write_text(spec.read_text().replace("- 64", "- 64\n  - 80"))  # one more trial to write
+    assert main(["sweep", "register", str(spec), "--db", postgres_url]) == 2
+    err = capsys.readouterr().err
+    assert "read-only" in err and "start the server" not in err.lower()
+
+
+def test_a_newer_schema_and_a_foreign_database_get_one_clear_message(tmp_path, capsys):
+    from ablate.cli import main
+
+    url = f"sqlite:///{tmp_path / 'newer.db'}"
+    engine = db.connect(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE {db.VERSION_TABLE} SET version_num = '0099'"))
+    db._ENGINES.clear()
+    for argv in (["sweep", "status", "x"], ["sweep", "register", str(grid_spec(tmp_path))]):
+        assert main([*argv, "--db", url]) == 2
+        assert "newer than this ablate" in capsys.readouterr().err
+    foreign = tmp_path / "foreign.db"
+    with sa.create_engine(f"sqlite:///{foreign}").begin() as conn:
+        conn.execute(sa.text("CREATE TABLE runs (id INTEGER PRIMARY KEY, what TEXT)"))
+    assert main(["sweep", "register", str(grid_spec(tmp_path)), "--db", str(foreign)]) == 2
+    assert "did not create" in capsys.readouterr().err
+    with sa.create_engine(f"sqlite:///{foreign}").connect() as conn:
+        assert set(sa.inspect(conn).get_table_names()) == {"runs"}  # nothing added
+
+
+def test_a_sqlite_migration_that_fails_half_way_leaves_the_database_as_it_was(tmp_path):
+    from test_db import at_revision
+
+    engine = at_revision(f"sqlite:///{tmp_path / 'm.db'}", "0004")
+    with engine.begin() as conn:  # something in the way of 0005's second step
+        conn.execute(sa.text("CREATE TABLE ablate_meta (x INTEGER)"))
+    with pytest.raises(AblateError, match="rolled back"):
+        db.upgrade_schema(engine)
+    assert db.current_revision(engine) == "0004"
+    with engine.connect() as conn:
+        assert "claimed_by" not in {c["name"] for c in sa.inspect(conn).get_columns("runs")}  # step one undone
+
+
+def test_reading_commands_never_create_a_database(tmp_path, monkeypatch, capsys):
+    from ablate.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "status", "smoke"]) == 2
+    assert main(["report", "smoke"]) == 2
+    assert main(["generate", "1", "--prompt", "x"]) == 2
+    assert "no results database" in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_damaged_token_cache_is_detected_and_rebuilt(tmp_path):
+    from ablate.data import cache_intact, prepare
+
+    trial = make_trial()
+    first = prepare(trial.dataset, trial.tokenizer, trial.context, tmp_path, progress=False)
+    rows = first.train.batch(list(range(4)))[0].clone()
+    target = first.cache_dir / "train.bin"
+    data = bytearray(target.read_bytes())
+    data[10] ^= 0xFF
+    target.write_bytes(bytes(data))
+    assert not cache_intact(first.cache_dir)
+    again = prepare(trial.dataset, trial.tokenizer, trial.context, tmp_path, progress=False)
+    assert cache_intact(again.cache_dir)
+    assert torch.equal(again.train.batch(list(range(4)))[0], rows)
+
+
+# ---------------------------------------------------------------- secrets
+
+
+def test_the_database_password_stays_out_of_argv_logs_and_deployments(tmp_path):
+    secret = "postgresql+psycopg://ablate:s3cret-pw@db.example:5432/ablate"
+    cmd = runner.trainer_command(make_trial(), 7, runner.RunOptions(db_url=secret))
+    assert not any("s3cret" in part for part in cmd)
+    assert "s3cret" not in db.redact(f"cannot reach {secret}: refused")
+    assert db.redact(f"url={secret}") == "url=postgresql+psycopg://ablate:***@db.example:5432/ablate"
+    from flows.deploy import deploy_all
+
+    with pytest.raises(AblateError, match="plain text"):
+        deploy_all(REPO / "sweeps", db_url=secret)
+
+
+def test_sql_as_the_reader_role_may_join_runs_with_optunas_trials(postgres_url, capsys):
+    """Optuna makes its tables after the migrations: creating a study grants the reader role SELECT on them."""
+    from test_search import tiny
+
+    from ablate import search
+    from ablate.cli import main
+    from ablate.spec import parse_spec
+
+    search.create_study(parse_spec(tiny()), postgres_url)
+    query = ("SELECT current_user AS who, count(t.trial_id) AS n FROM studies s "
+             "LEFT JOIN trials t ON t.study_id = s.study_id")
+    assert main(["sql", query, "--db", postgres_url, "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == f"{db.READER_ROLE},0"
