@@ -158,6 +158,22 @@ def _sqlite_path(url: sa.URL) -> Path | None:
     return Path(url.database)
 
 
+def _wal(cur: Any, patience: float = 60.0) -> None:
+    """Switch a SQLite file to WAL. On a new file that needs an exclusive lock, and SQLite answers "locked" at
+    once (no busy wait) while another process creates or migrates the same file: wait for it here."""
+    import sqlite3
+
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def make_engine(url: str | None = None, read_only: bool = False) -> sa.Engine:
     url_obj = sa.make_url(resolve_url(url))
     path = _sqlite_path(url_obj)
@@ -174,9 +190,9 @@ def make_engine(url: str | None = None, read_only: bool = False) -> sa.Engine:
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record):  # noqa: ANN001
             cur = dbapi_conn.cursor()
-            if not read_only:
-                cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA busy_timeout=60000")
+            if not read_only:
+                _wal(cur)
             cur.execute("PRAGMA foreign_keys=ON")
             if read_only:
                 cur.execute("PRAGMA query_only=ON")
