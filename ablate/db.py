@@ -420,6 +420,9 @@ def grant_reader(engine: sa.Engine) -> None:
             "EXCEPTION WHEN insufficient_privilege THEN NULL; END $$"))
 
 
+_IDS: dict[str, str] = {}  # database id per URL, read once per process
+
+
 def database_id(engine: sa.Engine) -> str:
     """The database's own identity (made by its migration), which keys its runs' artifacts."""
     key = str(engine.url)
@@ -427,9 +430,6 @@ def database_id(engine: sa.Engine) -> str:
         with engine.connect() as conn:
             _IDS[key] = conn.execute(sa.select(Meta.value).where(Meta.key == "db_id")).scalar_one()
     return _IDS[key]
-
-
-_IDS: dict[str, str] = {}
 
 
 def session_factory(engine: sa.Engine) -> sessionmaker[Session]:
@@ -566,9 +566,11 @@ def stale_before() -> dt.datetime:
     return utcnow() - dt.timedelta(seconds=STALE_SECONDS)
 
 
-def is_live(run: Run) -> bool:
-    """A running row whose claimant beat recently: some process (on any host) is training it."""
-    return run.status == "running" and run.heartbeat_at is not None and run.heartbeat_at >= stale_before()
+def is_live(run: Any) -> bool:
+    """A running row whose claimant beat recently and, if it claimed on this host, still exists: some
+    process (on any host) is training it. Anything else `running` belongs to a dead process."""
+    return (run.status == "running" and run.heartbeat_at is not None and run.heartbeat_at >= stale_before()
+            and not _dead_here(run.claimed_by, run.pid))
 
 
 def _dead_here(claimed_by: str | None, pid: int | None) -> bool:
@@ -604,6 +606,7 @@ def claim_run(engine: sa.Engine, run_id: int, claimant: str, statuses: Iterable[
     with engine.connect() as conn:
         row = conn.execute(sa.select(Run.status, Run.claimed_by, Run.pid).where(Run.id == run_id)).first()
     if row is not None and row.status == "running" and _dead_here(row.claimed_by, row.pid):
+        # its processes are gone from this host: take it over unless someone else did first (compare-and-set)
         takeable = sa.or_(takeable, sa.and_(Run.status == "running", Run.claimed_by == row.claimed_by))
     with engine.begin() as conn:
         won = conn.execute(sa.update(Run).where(Run.id == run_id, takeable).values(

@@ -130,7 +130,7 @@ def run_trial(run_id: int, opts: RunOptions, should_stop: Callable[[], bool] | N
     if not db.claim_run(engine, run_id, claimant, statuses):
         return db.get_run(engine, run_id).status
     trial = TrialConfig.model_validate(db.get_run(engine, run_id).config)
-    log_dir = opts.artifacts / "logs"
+    log_dir = opts.artifacts / "logs" / db.database_id(engine)[:16]  # run ids restart in every database
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"run-{run_id}.log"
     env = {**os.environ, **opts.extra_env, "PYTHONUNBUFFERED": "1", "ABLATE_CLAIMANT": claimant,
@@ -142,20 +142,13 @@ def run_trial(run_id: int, opts: RunOptions, should_stop: Callable[[], bool] | N
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(trainer_command(trial, run_id, opts), stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)  # its own group: cancel and Ctrl-C signal it (and torchrun's ranks)
-        db.update_run(engine, run_id, claimant=claimant, pid=proc.pid)
-        last_beat = time.monotonic()
+        db.update_run(engine, run_id, claimant=claimant, pid=proc.pid)  # the trainer beats the claim's heartbeat
         try:
             while True:
                 try:
                     code = proc.wait(timeout=poll_seconds)
                     break
                 except subprocess.TimeoutExpired:
-                    if time.monotonic() - last_beat >= db.HEARTBEAT_SECONDS:  # the trainer beats too, once started
-                        try:
-                            db.heartbeat(engine, run_id, claimant)
-                        except sa.exc.SQLAlchemyError:  # a database hiccup: the next beat may pass
-                            pass
-                        last_beat = time.monotonic()
                     if STOP.is_set() or (should_stop is not None and should_stop()):
                         code = _stop(proc)
                         break
@@ -212,7 +205,8 @@ def runs_to_do(engine: sa.Engine, sweep_id: int, run_ids: list[int], retry_faile
     failed (under the attempt cap); cancelled only with `retry_failed`."""
     with engine.connect() as conn:
         rows = conn.execute(
-            sa.select(db.Run.id, db.Run.status, db.Run.attempts, db.Run.heartbeat_at).where(db.Run.id.in_(run_ids))
+            sa.select(db.Run.id, db.Run.status, db.Run.attempts, db.Run.heartbeat_at, db.Run.claimed_by, db.Run.pid)
+            .where(db.Run.id.in_(run_ids))
         ).all()
     by_id = {r.id: r for r in rows}
     todo = []
@@ -220,8 +214,8 @@ def runs_to_do(engine: sa.Engine, sweep_id: int, run_ids: list[int], retry_faile
         r = by_id[rid]
         if r.status in db.FINISHED:
             continue
-        if r.status == "running" and r.heartbeat_at is not None and r.heartbeat_at >= db.stale_before():
-            continue  # a live process (here or on another host) has it; a stale heartbeat means it died
+        if db.is_live(r):
+            continue  # a live process (here or on another host) has it
         if r.status == "cancelled" and not retry_failed:
             continue
         if r.status == "failed" and r.attempts >= MAX_ATTEMPTS and not retry_failed:

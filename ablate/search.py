@@ -389,11 +389,6 @@ class _EvalFollower:
         return False
 
 
-def _is_live(run: db.Run) -> bool:
-    """A running row whose claimant beats its heartbeat (here or on another host)."""
-    return db.is_live(run)
-
-
 def _register(engine: sa.Engine, spec: SweepSpec, config: TrialConfig, spec_path: str | None) -> int:
     for attempt in range(3):
         try:
@@ -438,7 +433,7 @@ def run_one(study: optuna.Study, storage: optuna.storages.RDBStorage, trial: opt
         run = db.get_run(engine, run_id)
         _link(engine, study, run, trial.number)
         follower = _EvalFollower(engine, run_id, storage, trial, len(spec.eval.at), heartbeat_seconds, stop)
-        if _is_live(run):  # the same config is training under another trial (or a dead worker's trainer): follow it
+        if db.is_live(run):  # the same config is training under another trial (or a dead worker's trainer): follow it
             _follow(engine, run_id, follower, poll_seconds)
             run = db.get_run(engine, run_id)
         if run.status not in db.FINISHED and not (stop is not None and stop.is_set()):
@@ -460,7 +455,7 @@ def run_one(study: optuna.Study, storage: optuna.storages.RDBStorage, trial: opt
 
 def _follow(engine: sa.Engine, run_id: int, follower: _EvalFollower, poll_seconds: float) -> None:
     """Wait for a run another process is training, reporting its evals; a prune stops it if it trains on this host."""
-    while _is_live(run := db.get_run(engine, run_id)):
+    while db.is_live(run := db.get_run(engine, run_id)):
         if follower.should_stop():
             if follower.pruned and run.host == socket.gethostname() and runner.pid_alive(run.pid):
                 os.killpg(run.pid, signal.SIGTERM)  # the trainer checkpoints and records `preempted`

@@ -56,26 +56,35 @@ def cli_env(**extra: str) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(REPO), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", **extra}
 
 
+def at_once(fn, n: int) -> tuple[list, list[Exception]]:
+    """Call `fn(i)` from n threads released together; (results, errors)."""
+    barrier = threading.Barrier(n)
+    results, errors = [], []
+
+    def one(i: int) -> None:
+        barrier.wait()
+        try:
+            results.append(fn(i))
+        except Exception as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, errors
+
+
 # ---------------------------------------------------------------- claims
 
 
 def test_racing_claims_on_one_run_have_exactly_one_winner(any_url, tmp_path):
     _, _, ids = runner.register(grid_spec(tmp_path), any_url)
     engine = db.connect(any_url)
-    barrier = threading.Barrier(8)
-    wins: list[str] = []
-
-    def contender(i: int) -> None:
-        barrier.wait()
-        if db.claim_run(engine, ids[0], f"contender-{i}"):
-            wins.append(f"contender-{i}")
-
-    threads = [threading.Thread(target=contender, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(wins) == 1
+    outcomes, errors = at_once(lambda i: (f"contender-{i}", db.claim_run(engine, ids[0], f"contender-{i}")), 8)
+    wins = [who for who, won in outcomes if won]
+    assert not errors and len(wins) == 1
     run = db.get_run(engine, ids[0])
     assert run.claimed_by == wins[0] and run.status == "running" and run.attempts == 1
 
@@ -106,21 +115,7 @@ def test_claims_do_not_take_finished_or_cancelled_runs(sqlite_url, tmp_path):
 
 def test_concurrent_registration_of_one_sweep_does_not_fail(any_url, tmp_path):
     spec = grid_spec(tmp_path, d_models=(32, 48, 64, 80, 96, 112))
-    barrier = threading.Barrier(4)
-    results, errors = [], []
-
-    def register() -> None:
-        barrier.wait()
-        try:
-            results.append(runner.register(spec, any_url)[2])
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=register) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results, errors = at_once(lambda _: runner.register(spec, any_url)[2], 4)
     assert not errors
     assert len({tuple(r) for r in results}) == 1 and len(results[0]) == 6
 
@@ -414,20 +409,6 @@ def test_processes_opening_a_new_sqlite_file_at_once_all_get_it(tmp_path):
     """Switching a new file to WAL answers "locked" at once to all but one opener (seen 3 in 40 rounds)."""
     for round_ in range(20):
         url = f"sqlite:///{tmp_path / f'fresh-{round_}.db'}"
-        barrier = threading.Barrier(6)
-        errors: list[Exception] = []
-
-        def opener() -> None:
-            barrier.wait()
-            try:
-                db.connect(url)
-            except Exception as exc:  # noqa: BLE001
-                errors.append(exc)
-
-        threads = [threading.Thread(target=opener) for _ in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _, errors = at_once(lambda _: db.connect(url), 6)
         db._ENGINES.pop(url, None)
         assert not errors, errors
