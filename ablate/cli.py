@@ -47,18 +47,14 @@ def human_count(n: float | None) -> str:
 # ---------------------------------------------------------------- plan
 
 
-def _param_counts(trial: Any) -> tuple[int | None, int | None]:
-    """(total, inter-token) parameters from the family's formula, or (None, None) if it has none yet."""
+def _param_counts(trial: Any) -> tuple[int, int]:
+    """(total, inter-token) parameters from the family's closed-form formula (torch-free)."""
     from ablate import models
 
-    try:
-        fam = models.family(trial.architecture)
-    except ModuleNotFoundError:
-        return None, None
+    fam = models.options_module(trial.architecture)
     vocab = trial.tokenizer.vocab_size or 32000
-    total = fam.param_count(trial, vocab) if hasattr(fam, "param_count") else None
-    inter = fam.inter_token_params(trial) if hasattr(fam, "inter_token_params") else None
-    if trial.objective in ("bidirectional", "autoencoder") and total is not None and inter is not None:
+    total, inter = fam.param_count(trial, vocab), fam.inter_token_params(trial)
+    if trial.objective in ("bidirectional", "autoencoder"):
         # two stacks sharing one embedding and head (untied: two vocab x d_model matrices; tied: one)
         ends = vocab * trial.d_model * (1 if trial.effective_options().get("tie_weights") else 2)
         total, inter = 2 * total - ends, 2 * inter
@@ -82,7 +78,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "batch", "seed", "params", "inter-token", "reference"):
         table.add_column(col, justify="right" if col not in ("fingerprint", "architecture", "options") else "left")
     per_class: dict[str, float] = defaultdict(float)
+    listed = len(trials) if args.all else min(len(trials), STATUS_ROWS)  # rendering 10,000 rows takes seconds
     for i, t in enumerate(trials):
+        key = f"{t.budget.gpus}x {t.budget.hardware}"
+        per_class[key] += t.budget.amount
+        if i >= listed:
+            continue
         total, inter = _param_counts(t)
         ref = reference_for(spec, t)
         ref_text = "" if ref is None else "/".join(
@@ -94,8 +95,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         table.add_row(str(i), t.fingerprint(), t.architecture, *objective, opts, str(t.d_model), str(t.layers),
                       str(t.heads or "-"), str(t.context), f"{t.lr:g}", str(t.batch_size), str(t.seed),
                       human_count(total), human_count(inter), ref_text)
-        key = f"{t.budget.gpus}x {t.budget.hardware}"
-        per_class[key] += t.budget.amount
+    if listed < len(trials):
+        table.caption, table.caption_justify = f"the first {listed:,} of {len(trials):,} trials; --all lists every one", "left"
     console.print(table)
     if spec.search is not None:  # the table shows the base trial; the search samples the rest
         search = spec.search
@@ -206,9 +207,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     table.add_column("options (default)")
     for name in models.FAMILIES:
         cls = models.options_model(name)
-        opts = "(not built yet)" if cls is None else ", ".join(
-            f"{k}={f.default!r}" for k, f in cls.model_fields.items()
-        )
+        opts = ", ".join(f"{k}={f.default!r}" for k, f in cls.model_fields.items())
         table.add_row(name, models.DESCRIPTIONS.get(name, ""), opts)
     console.print(table)
     return 0
@@ -228,9 +227,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.sweep_command == "run":
         return _sweep_run(args)
     if args.sweep_command == "status":  # reading: never creates or migrates a database
-        engine = db.reader(args.db)
-        runs = runner.sweep_runs(engine, args.name)
-        console.print(runs_table(engine, runs, title=f"sweep {args.name}"))
+        rows = runner.status_rows(db.reader(args.db), args.name)
+        if (args.format or ("table" if console.is_terminal else "csv")) == "csv":
+            print_status_csv(rows)
+        else:
+            console.print(runs_table(rows, title=f"sweep {args.name}", limit=None if args.all else STATUS_ROWS))
         return 0
     if args.sweep_command == "cancel":
         pending, signalled = runner.cancel(db.connect(args.db), args.name)
@@ -239,44 +240,89 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     raise AssertionError(args.sweep_command)
 
 
-def runs_table(engine: Any, runs: Sequence[Any], title: str = "") -> Table:
-    """One row per run: axes, status, progress through the budget, and the latest losses."""
-    import sqlalchemy as sa
+STATUS_ROWS = 200  # past this many runs, a status table shows the unfinished and latest ones and counts the rest
 
+
+def _progress(r: Any) -> str:
+    """How far through its budget a run is (wall-clock budgets), from its row."""
+    if r.budget_kind != "wall_clock" or not r.budget_amount:
+        return "-"
+    if r.status == "completed":
+        return "100%"
+    used = r.train_seconds if r.train_seconds is not None else (r.last_elapsed_seconds or 0.0)
+    return f"{min(used / r.budget_amount, 1):.0%}"
+
+
+def _reason(r: Any) -> str:
+    """The first line of a run's error (why it failed, oom'd or was stopped)."""
+    return (r.error or "").strip().splitlines()[0][:120] if (r.error or "").strip() else ""
+
+
+def _status_cells(r: Any) -> dict[str, Any]:
+    """One run's status row as plain values (csv) keyed by column."""
+    pick = lambda final, last: final if final is not None else last  # noqa: E731
+    return {"run": r.id, "architecture": r.architecture,
+            "options": ",".join(f"{k}={v}" for k, v in sorted((r.options or {}).items())), "d_model": r.d_model,
+            "layers": r.layers, "heads": r.heads, "lr": r.lr, "batch": r.batch_size, "status": r.status,
+            "budget": _progress(r), "steps": pick(r.steps, r.last_step),
+            "train": pick(r.final_train_loss, r.last_train_loss), "eval": pick(r.final_eval_loss, r.last_eval_loss),
+            "reason": _reason(r)}
+
+
+def shown_runs(rows: Sequence[Any], limit: int = STATUS_ROWS) -> list[Any]:
+    """At most `limit` rows, in trial order: every unfinished run that is not waiting (running, failed ...),
+    then the latest finished, then the next waiting ones."""
+    if len(rows) <= limit:
+        return list(rows)
     from ablate import db
 
-    latest: dict[tuple[int, str], Any] = {}
-    if runs:
-        with engine.connect() as conn:
-            sub = (sa.select(db.Metric.run_id, db.Metric.split, sa.func.max(db.Metric.step).label("step"))
-                   .where(db.Metric.run_id.in_([r.id for r in runs])).group_by(db.Metric.run_id, db.Metric.split)
-                   .subquery())
-            q = sa.select(db.Metric).join(sub, sa.and_(db.Metric.run_id == sub.c.run_id, db.Metric.split == sub.c.split,
-                                                      db.Metric.step == sub.c.step))
-            for m in conn.execute(q):
-                latest[(m.run_id, m.split)] = m
-    table = Table(title=title, title_justify="left")
-    for col in ("run", "architecture", "options", "d_model", "layers", "heads", "lr", "batch", "status", "budget",
-                "steps", "train", "eval"):
-        table.add_column(col, justify="left" if col in ("architecture", "options", "status") else "right")
-    for r in runs:
-        train = latest.get((r.id, "train"))
-        ev = latest.get((r.id, "eval"))
-        used = r.train_seconds if r.train_seconds is not None else (train.elapsed_seconds if train else 0.0)
-        pct = f"{min(used / r.budget_amount, 1):.0%}" if r.budget_kind == "wall_clock" and r.budget_amount else "-"
-        if r.status in ("completed",) and r.budget_kind == "wall_clock":
-            pct = "100%"
-        style = {"completed": "green", "running": "cyan", "oom": "yellow", "diverged": "yellow",
-                 "failed": "red", "preempted": "magenta"}.get(r.status, "")
-        opts = ",".join(f"{k}={v}" for k, v in sorted((r.options or {}).items()))
-        final_train = r.final_train_loss if r.final_train_loss is not None else (train.loss if train else None)
-        final_eval = r.final_eval_loss if r.final_eval_loss is not None else (ev.loss if ev else None)
-        table.add_row(str(r.id), r.architecture, opts, str(r.d_model), str(r.layers), str(r.heads or "-"), f"{r.lr:g}",
-                      str(r.batch_size), f"[{style}]{r.status}[/]" if style else r.status, pct,
-                      str(r.steps if r.steps is not None else (train.step if train else "-")),
-                      "-" if final_train is None else f"{final_train:.3f}",
-                      "-" if final_eval is None else f"{final_eval:.3f}")
+    waiting = [r for r in rows if r.status == "pending"]
+    done = sorted((r for r in rows if r.status in db.FINISHED), key=lambda r: r.finished_at or r.id, reverse=True)
+    active = [r for r in rows if r.status != "pending" and r.status not in db.FINISHED]
+    keep = {r.id for r in (active + done + waiting)[:limit]}
+    return [r for r in rows if r.id in keep]
+
+
+def runs_table(rows: Sequence[Any], title: str = "", limit: int | None = STATUS_ROWS) -> Table:
+    """One row per run (at most `limit`, None: all): axes, status, progress through the budget, the latest losses
+    and the reason of a failure, from run-row columns only; a caption counts the runs by status."""
+    shown = shown_runs(rows, limit) if limit else list(rows)
+    counts: dict[str, int] = defaultdict(int)
+    for r in rows:
+        counts[r.status] += 1
+    caption = ", ".join(f"{n:,} {status}" for status, n in sorted(counts.items()))
+    if len(shown) < len(rows):
+        caption = (f"showing {len(shown):,} of {len(rows):,} runs (unfinished, the latest finished, the next pending); "
+                   f"{caption}; --all for every run, --format csv for a file")
+    table = Table(title=title, title_justify="left", caption=caption or None, caption_justify="left")
+    styles = {"completed": "green", "running": "cyan", "oom": "yellow", "diverged": "yellow",
+              "failed": "red", "preempted": "magenta"}
+    for col in STATUS_HEADER:
+        table.add_column(col, justify="left" if col in ("architecture", "options", "status", "reason") else "right")
+    for r in shown:
+        c = _status_cells(r)
+        style = styles.get(r.status, "")
+        table.add_row(str(c["run"]), c["architecture"], escape(c["options"]), str(c["d_model"]), str(c["layers"]),
+                      str(c["heads"] or "-"), f"{c['lr']:g}", str(c["batch"]),
+                      f"[{style}]{c['status']}[/]" if style else c["status"], c["budget"],
+                      "-" if c["steps"] is None else str(c["steps"]),
+                      "-" if c["train"] is None else f"{c['train']:.3f}",
+                      "-" if c["eval"] is None else f"{c['eval']:.3f}", escape(c["reason"]))
     return table
+
+
+STATUS_HEADER = ("run", "architecture", "options", "d_model", "layers", "heads", "lr", "batch", "status", "budget",
+                 "steps", "train", "eval", "reason")
+
+
+def print_status_csv(rows: Sequence[Any]) -> None:
+    """Every run as csv on stdout (full precision), for scripts and pipes."""
+    import csv
+
+    writer = csv.DictWriter(sys.stdout, fieldnames=STATUS_HEADER, lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: "" if v is None else v for k, v in _status_cells(r).items()})
 
 
 def _sweep_run(args: argparse.Namespace) -> int:
@@ -288,6 +334,8 @@ def _sweep_run(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the live table is the display
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from a lab machine
     os.environ.setdefault("DO_NOT_TRACK", "1")  # nor from the client, whose first-run notice would print over the table
+    # the local API is a subprocess that must start within this; Prefect's 20 s expired on a loaded host
+    os.environ.setdefault(PREFECT_START_TIMEOUT, str(PREFECT_START_SECONDS))
     from ablate import db, runner
 
     # errors before any Prefect start-up
@@ -303,9 +351,9 @@ def _sweep_run(args: argparse.Namespace) -> int:
     done = threading.Event()
 
     def render() -> Table:
-        runs = runner.sweep_runs(engine, spec.name)
-        finished = sum(r.status in db.FINISHED for r in runs)
-        return runs_table(engine, runs, title=f"sweep {spec.name}: {finished}/{len(runs)} finished")
+        rows = runner.status_rows(engine, spec.name)
+        finished = sum(r.status in db.FINISHED for r in rows)
+        return runs_table(rows, title=f"sweep {spec.name}: {finished}/{len(rows)} finished")
 
     result: dict[str, Any] = {}
 
@@ -336,11 +384,27 @@ def _sweep_run(args: argparse.Namespace) -> int:
         return 130
     worker.join()
     if "error" in result:
-        raise result["error"]
-    statuses = [r.status for r in runner.sweep_runs(engine, spec.name)]
-    bad = [s for s in statuses if s in ("failed", "preempted")]
-    console.print(f"sweep {spec.name}: " + ", ".join(f"{statuses.count(s)} {s}" for s in sorted(set(statuses))))
-    return 1 if bad else 0
+        raise _prefect_start_failure(result["error"]) or result["error"]
+    counts = runner.status_counts(engine, spec.name)
+    console.print(f"sweep {spec.name}: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
+    return 1 if counts.get("failed") or counts.get("preempted") else 0
+
+
+PREFECT_START_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+PREFECT_START_SECONDS = 300
+
+
+def _prefect_start_failure(exc: BaseException) -> AblateError | None:
+    """A clear error for Prefect's local API that did not start in time (else None: not that failure)."""
+    if "ephemeral Prefect API server" not in str(exc):
+        return None
+    import os
+
+    return AblateError(
+        f"Prefect's local API server did not start within {os.environ.get(PREFECT_START_TIMEOUT)} s (a busy host, or "
+        f"a broken Prefect install: {str(exc).splitlines()[0][:200]}). The sweep's runs are registered and nothing "
+        f"was trained; run the same command again with {PREFECT_START_TIMEOUT}=600, or start a server once "
+        "(`prefect server start`) and set PREFECT_API_URL=http://127.0.0.1:4200/api")
 
 
 def _interrupt(*_: Any) -> None:
@@ -363,7 +427,7 @@ def _watch(render: Callable[[], Table], done: Any, engine: Any, name: str) -> No
         return
     last = ""
     while not done.wait(5.0):
-        line = " ".join(f"{r.id}:{r.status}" for r in runner.sweep_runs(engine, name))
+        line = ", ".join(f"{n} {status}" for status, n in runner.status_counts(engine, name).items())
         if line != last:
             console.print(f"[{time.strftime('%H:%M:%S')}] {line}")
             last = line
@@ -502,6 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("plan", parents=[common], help="validate a sweep file and list its trials")
     s.add_argument("spec", help="sweep file, e.g. sweeps/tinystories-widths.yaml")
     s.add_argument("--max-trials", type=int, default=10_000, help="refuse grids larger than this (default 10,000)")
+    s.add_argument("--all", action="store_true", help="list every trial (default: the first 200, the rest counted)")
 
     s = sub.add_parser("sql", parents=[common], help="read-only SQL over the results database")
     s.add_argument("query", help='e.g. "SELECT architecture, d_model, final_eval_loss FROM runs"')
@@ -531,6 +596,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch threads per trainer (default: the cores other jobs leave free / trials at once)")
     r = ssub.add_parser("status", parents=[common], help="table of a sweep's runs")
     r.add_argument("name")
+    r.add_argument("--all", action="store_true", help=f"every run (default: at most {STATUS_ROWS}, the rest counted)")
+    r.add_argument("--format", choices=("table", "csv"), default=None,
+                   help="table or csv (default: a table on a terminal, csv (every run) when piped)")
     r = ssub.add_parser("cancel", parents=[common], help="cancel waiting runs and stop running ones (checkpointed)")
     r.add_argument("name")
 
@@ -585,27 +653,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _environment_hint(exc: Exception, url: str | None) -> str | None:
+    """What to do about a database or disk error (read-only, full), or None for any other exception.
+    SQLAlchemy is consulted only if the command loaded it: `plan` stays light."""
+    sa_exc = sys.modules.get("sqlalchemy.exc")
+    if not isinstance(exc, OSError) and not (sa_exc is not None and isinstance(exc, sa_exc.DBAPIError)):
+        return None
+    from ablate.db import explain
+
+    return explain(exc, url)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.db = getattr(args, "db", None)  # --db may come before or after the command
     if getattr(args, "gpu_slots", 0) is None:
-        import torch
+        from ablate.runner import visible_gpus
 
-        args.gpu_slots = max(1, torch.cuda.device_count())
-    from sqlalchemy.exc import DBAPIError
-
-    from ablate.db import explain, redact
-
+        args.gpu_slots = max(1, visible_gpus())
     try:
         return COMMANDS[args.command](args) or 0
     except AblateError as exc:
+        from ablate.db import redact
+
         err_console.print("[bold red]error:[/] " + escape(redact(str(exc))), soft_wrap=True)
         return 2
-    except (DBAPIError, OSError) as exc:  # the environment, not ablate: a read-only or full database or disk
-        hint = explain(exc, args.db)
+    except Exception as exc:  # the environment, not ablate: a read-only or full database or disk
+        hint = _environment_hint(exc, args.db)
         if hint is None:
             raise
+        from ablate.db import redact
+
         err_console.print("[bold red]error:[/] " + escape(redact(hint)), soft_wrap=True)
         return 2
     except KeyboardInterrupt:

@@ -56,8 +56,8 @@ class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (sa.UniqueConstraint("sweep_id", "fingerprint", name="uq_runs_sweep_fingerprint"),)
     id: Mapped[int] = mapped_column(primary_key=True)
-    sweep_id: Mapped[int] = mapped_column(sa.ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
-    fingerprint: Mapped[str] = mapped_column(sa.String(32), index=True)
+    sweep_id: Mapped[int] = mapped_column(sa.ForeignKey("sweeps.id", ondelete="CASCADE"))  # uq_runs_sweep_fingerprint
+    fingerprint: Mapped[str] = mapped_column(sa.String(32))
     trial_index: Mapped[int] = mapped_column(default=0)
     status: Mapped[str] = mapped_column(sa.String(16), default="pending", index=True)
     # axes
@@ -103,6 +103,11 @@ class Run(Base):
     mfu: Mapped[float | None]
     final_train_loss: Mapped[float | None]
     final_eval_loss: Mapped[float | None]
+    # the latest logged points, kept by write_metrics so status tables never aggregate the metrics table
+    last_step: Mapped[int | None]
+    last_elapsed_seconds: Mapped[float | None]
+    last_train_loss: Mapped[float | None]
+    last_eval_loss: Mapped[float | None]
     epochs: Mapped[float | None]  # passes over the training rows (> 1: the run saw its data more than once)
     peak_memory_mb: Mapped[float | None]
     params: Mapped[int | None] = mapped_column(sa.BigInteger)
@@ -122,9 +127,13 @@ class Metric(Base):
     """One logged point of a run's curve. (run, split, step) is unique: a resumed run never duplicates a point."""
 
     __tablename__ = "metrics"
-    __table_args__ = (sa.UniqueConstraint("run_id", "split", "step", name="uq_metrics_run_split_step"),)
+    __table_args__ = (
+        sa.UniqueConstraint("run_id", "split", "step", name="uq_metrics_run_split_step"),  # also serves run_id alone
+        sa.Index("ix_metrics_eval", "run_id", "step", sqlite_where=sa.text("split = 'eval'"),
+                 postgresql_where=sa.text("split = 'eval'")),  # eval curves without scanning train points
+    )
     id: Mapped[int] = mapped_column(primary_key=True)
-    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"))
     step: Mapped[int]
     split: Mapped[str] = mapped_column(sa.String(16))  # train | eval
     elapsed_seconds: Mapped[float]  # budget clock at this point
@@ -276,6 +285,9 @@ def reader(url: str | None = None) -> sa.Engine:
         return _READERS[url]
     engine = make_engine(url, read_only=True)
     _check_reachable(engine, url)
+    if stored_revision(engine) == SCHEMA_HEAD:
+        _READERS[url] = engine
+        return engine
     current, head = current_revision(engine), head_revision(engine)
     if current is None:
         foreign = set(sa.inspect(engine).get_table_names())
@@ -338,6 +350,18 @@ def _alembic_config(engine: sa.Engine):
     return cfg
 
 
+SCHEMA_HEAD = "0006"  # the newest migration (a test checks it against Alembic's head)
+
+
+def stored_revision(engine: sa.Engine) -> str | None:
+    """The database's schema revision by one plain query (None: no ablate schema, or not readable)."""
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
+    except SQLAlchemyError:
+        return None
+
+
 def current_revision(engine: sa.Engine) -> str | None:
     from alembic.migration import MigrationContext
 
@@ -372,6 +396,8 @@ def _migration_engine(engine: sa.Engine) -> sa.Engine:
 
 def upgrade_schema(engine: sa.Engine) -> str:
     """Bring the database to the newest schema; returns the revision it is at."""
+    if stored_revision(engine) == SCHEMA_HEAD:  # the common case, without loading Alembic (trainers, readers)
+        return SCHEMA_HEAD
     head = head_revision(engine)
     current = current_revision(engine)
     if current == head:
@@ -485,8 +511,12 @@ def register_sweep(engine: sa.Engine, spec: Any, trials: Iterable[Any], spec_pat
 
 
 def _register_once(engine: sa.Engine, spec: Any, trials: list[Any], spec_path: str | None) -> tuple[int, list[int]]:
+    from ablate.spec import trial_fingerprint
+
     versions = library_versions()
     code = code_version()
+    configs = [t.model_dump(mode="json") for t in trials]  # each trial dumped once: its fingerprint and row
+    fps = [trial_fingerprint(c) for c in configs]
     with session_factory(engine)() as session, session.begin():
         sweep = session.scalar(sa.select(Sweep).where(Sweep.name == spec.name))
         if sweep is None:
@@ -497,43 +527,51 @@ def _register_once(engine: sa.Engine, spec: Any, trials: list[Any], spec_path: s
         sweep.spec_fingerprint = spec.fingerprint()
         sweep.spec_path = spec_path
         session.flush()
-        existing = {r.fingerprint: r for r in session.scalars(sa.select(Run).where(Run.sweep_id == sweep.id))}
-        ids = []
-        for index, trial in enumerate(trials):
-            fp = trial.fingerprint()
-            run = existing.get(fp)
-            if run is None:
-                run = new_run(trial, sweep.id, index, code, versions)
-                session.add(run)
-                session.flush()
-                existing[fp] = run
-            ids.append(run.id)
-    return sweep.id, ids
+        ids = dict(session.execute(sa.select(Run.fingerprint, Run.id).where(Run.sweep_id == sweep.id)).all())
+        rows, seen = [], set(ids)
+        for index, (trial, config, fp) in enumerate(zip(trials, configs, fps)):
+            if fp not in seen:
+                seen.add(fp)
+                rows.append(run_row(trial, config, fp, sweep.id, index, code, versions))
+        for start in range(0, len(rows), 5000):  # one multi-row INSERT .. RETURNING per chunk, not a flush per row
+            result = session.execute(sa.insert(Run).returning(Run.fingerprint, Run.id), rows[start:start + 5000])
+            ids.update(result.all())
+    if len(rows) >= 1000 and engine.dialect.name == "sqlite":
+        analyze(engine)  # PostgreSQL's autovacuum does this by itself
+    return sweep.id, [ids[fp] for fp in fps]
+
+
+def analyze(engine: sa.Engine) -> None:
+    """Refresh SQLite's planner statistics after a large write (stale ones can pick a full scan)."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ANALYZE")
 
 
 OWED_UNSTARTED = ("pending", "failed", "cancelled", "preempted")  # owed work that holds no result
 
 
-def drop_stale_runs(engine: sa.Engine, sweep_id: int, keep: set[str]) -> int:
-    """Delete the sweep's grid runs whose trial is no longer in its spec and that hold no result (pending,
-    failed, cancelled, preempted), with their metrics; finished runs stay as results. Returns how many."""
+def drop_stale_runs(engine: sa.Engine, sweep_id: int, keep: set[int]) -> int:
+    """Delete the sweep's grid runs not in `keep` (run ids of the trials its spec holds now) that hold no result
+    (pending, failed, cancelled, preempted), with their metrics; finished runs stay as results. Returns how many."""
     with engine.begin() as conn:
-        stale = [rid for rid, fp in conn.execute(
-            sa.select(Run.id, Run.fingerprint).where(Run.sweep_id == sweep_id, Run.study_name.is_(None),
-                                                     Run.status.in_(OWED_UNSTARTED))) if fp not in keep]
+        stale = [rid for rid in conn.execute(
+            sa.select(Run.id).where(Run.sweep_id == sweep_id, Run.study_name.is_(None),
+                                    Run.status.in_(OWED_UNSTARTED))).scalars() if rid not in keep]
         if stale:
             conn.execute(sa.delete(Metric).where(Metric.run_id.in_(stale)))
             conn.execute(sa.delete(Run).where(Run.id.in_(stale)))
     return len(stale)
 
 
-def new_run(trial: Any, sweep_id: int, index: int, code: str | None, versions: dict[str, str]) -> Run:
-    return Run(
-        sweep_id=sweep_id, fingerprint=trial.fingerprint(), trial_index=index, status="pending",
+def run_row(trial: Any, config: dict[str, Any], fp: str, sweep_id: int, index: int, code: str | None,
+            versions: dict[str, str]) -> dict[str, Any]:
+    """The columns of a new pending run of `trial` (`config`: its JSON dump, `fp`: its fingerprint)."""
+    return dict(
+        sweep_id=sweep_id, fingerprint=fp, trial_index=index, status="pending", attempts=0, gpus=trial.budget.gpus,
         architecture=trial.architecture, objective=trial.objective, d_model=trial.d_model, layers=trial.layers,
         heads=trial.heads, context=trial.context, lr=trial.lr, batch_size=trial.batch_size, seed=trial.seed,
-        options=dict(trial.options), config=trial.model_dump(mode="json"), hardware=trial.budget.hardware,
-        gpus=trial.budget.gpus, budget_kind=trial.budget.kind, budget_amount=trial.budget.amount,
+        options=dict(trial.options), config=config, hardware=trial.budget.hardware,
+        budget_kind=trial.budget.kind, budget_amount=trial.budget.amount, created_at=utcnow(),
         code_version=code, library_versions=versions,
     )
 
@@ -635,7 +673,23 @@ def write_metrics(engine: sa.Engine, run_id: int, rows: list[dict[str, Any]]) ->
         fresh = [dict(r, run_id=run_id) for r in rows if (r["split"], r["step"]) not in have]
         if fresh:
             conn.execute(sa.insert(Metric), fresh)
+        latest = _latest_fields(rows)
+        if latest:
+            conn.execute(sa.update(Run).where(Run.id == run_id).values(**latest))
     return len(fresh)
+
+
+def _latest_fields(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run-row columns that mirror the newest train and eval points among `rows`."""
+    out: dict[str, Any] = {}
+    train = [r for r in rows if r["split"] == "train"]
+    if train:
+        last = max(train, key=lambda r: r["step"])
+        out.update(last_step=last["step"], last_elapsed_seconds=last["elapsed_seconds"], last_train_loss=last["loss"])
+    evals = [r for r in rows if r["split"] == "eval"]
+    if evals:
+        out["last_eval_loss"] = max(evals, key=lambda r: r["step"])["loss"]
+    return out
 
 
 def get_run(engine: sa.Engine, run_id: int) -> Run:

@@ -12,6 +12,7 @@ import html
 import io
 import math
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,8 +173,13 @@ def _status_of(runs: list[RunView]) -> str | None:
     return None
 
 
+def _completed(runs: list[RunView], column: str) -> list[float]:
+    """The column's values of the runs that completed with one (a cell's, or a configuration's, numbers)."""
+    return [getattr(r.row, column) for r in runs if r.row.status == "completed" and getattr(r.row, column) is not None]
+
+
 def _loss_cell(runs: list[RunView], column: str) -> str:
-    values = [getattr(r.row, column) for r in runs if r.row.status == "completed" and getattr(r.row, column) is not None]
+    values = _completed(runs, column)
     if not values:
         return _status_of(runs) or "-"
     mean, std = _mean_std(values)
@@ -235,7 +241,7 @@ def _ref_cell(runs: list[RunView], which: str) -> str:
 
 def _diff_cell(runs: list[RunView]) -> str:
     ref = runs[0].reference
-    values = [r.row.final_eval_loss for r in runs if r.row.status == "completed" and r.row.final_eval_loss is not None]
+    values = _completed(runs, "final_eval_loss")
     if ref is None or ref.eval is None or not values:
         return ""
     return f"{statistics.fmean(values) - ref.eval:+.2f}"
@@ -260,37 +266,125 @@ def _ref_memory(runs: list[RunView]) -> str:
 # ---------------------------------------------------------------- curves
 
 
-def draw_curves(engine: sa.Engine, table: Table, x_axes: tuple[str, ...] = ("hours", "tokens")):
-    """One figure per table: rows train / eval loss, columns the x axes; one line per run in each panel."""
+MAX_CURVES = 10  # lines per panel (matplotlib's colour cycle: no two share a colour); a table with more runs
+# draws its best configurations' seed means instead
+IN_CHUNK = 900  # run ids per metrics query: under SQLite's smallest bound-parameter limit (999)
+
+
+@dataclass
+class Curve:
+    """One line of a figure: a run, or the seeds of one configuration (mean line, min–max band)."""
+
+    label: str
+    runs: list[RunView]
+    gid: str  # run-<id>, or config-<rank>
+
+
+@dataclass
+class CurvePlan:
+    """What a table's figure draws, and the configuration (label without the seed) of every run behind it."""
+
+    curves: list[Curve]
+    configuration: dict[int, str]  # run id -> configuration label
+    runs: list[RunView]
+    is_aggregate: bool = False
+    caption: str = ""  # says what an aggregate figure leaves out; empty when every run is a line
+
+
+def plan_curves(table: Table, points_csv: str | None = None, cap: int = MAX_CURVES) -> CurvePlan:
+    """One line per run up to `cap` runs; past it, runs that differ only by seed are one configuration, and the
+    `cap` configurations with the lowest mean final test loss are drawn (`points_csv`: where every run is)."""
+    runs = [r for col in table.runs for r in col]
+    keys = _varying(runs, set()) or ["architecture"]
+    configuration = {r.row.id: _label(r.axes, keys) for r in runs}
+    if len(runs) <= cap:
+        curves = [Curve(f"run {r.row.id}: {configuration[r.row.id]}", [r], f"run-{r.row.id}") for r in runs]
+        return CurvePlan(curves, configuration, runs)
+    configs: dict[str, list[RunView]] = {}
+    for r in runs:
+        configs.setdefault(configuration[r.row.id], []).append(r)
+    ranked = sorted(configs.items(), key=lambda c: statistics.fmean(_completed(c[1], "final_eval_loss") or [math.inf]))
+    curves = [Curve(f"{label} ({len(members)} run{'s' * (len(members) > 1)})", members, f"config-{rank}")
+              for rank, (label, members) in enumerate(ranked[:cap])]
+    caption = (f"showing {len(curves)} of {len(configs)} configurations ({len(runs)} runs), those with the lowest "
+               "mean final test loss; line: mean over seeds, band: min–max")
+    if points_csv:
+        caption += f"; every run's points in {points_csv}"
+    return CurvePlan(curves, configuration, runs, is_aggregate=True, caption=caption)
+
+
+def metric_points(engine: sa.Engine, run_ids: list[int]) -> Iterator[Any]:
+    """The runs' metric points as rows (run_id, split, step, elapsed_seconds, tokens, loss), ordered as the unique
+    index uq_metrics_run_split_step is: one query per IN_CHUNK runs, not one per run."""
+    columns = (db.Metric.run_id, db.Metric.split, db.Metric.step, db.Metric.elapsed_seconds, db.Metric.tokens,
+               db.Metric.loss)
+    ids = sorted(run_ids)
+    with engine.connect() as conn:
+        for start in range(0, len(ids), IN_CHUNK):
+            yield from conn.execute(sa.select(*columns).where(db.Metric.run_id.in_(ids[start:start + IN_CHUNK]))
+                                    .order_by(db.Metric.run_id, db.Metric.split, db.Metric.step))
+
+
+def write_curve_points(engine: sa.Engine, plan: CurvePlan, path: Path) -> None:
+    """Every point of every run of a figure's table, drawn or not: the data behind an aggregate figure."""
+    import csv
+
+    run = {r.row.id: (plan.configuration[r.row.id], r.axes.get("seed")) for r in plan.runs}
+    with path.open("w", newline="") as f:
+        out = csv.writer(f, lineterminator="\n")
+        out.writerow(("run_id", "configuration", "seed", "split", "step", "elapsed_seconds", "tokens", "loss"))
+        # by position, not name: a million points write in half the time
+        out.writerows((p[0], *run[p[0]], *p[1:]) for p in metric_points(engine, list(run)))
+
+
+def _seed_band(series: list[list[tuple[float, float]]]) -> list[tuple[float, float, float, float]]:
+    """(x, mean, min, max) of the k-th logged point over the seeds that reached it (seeds log at the same
+    fractions of the budget, so their k-th points line up)."""
+    band = []
+    for k in range(max(map(len, series), default=0)):
+        xs = [s[k][0] for s in series if len(s) > k]
+        ys = [s[k][1] for s in series if len(s) > k]
+        band.append((statistics.fmean(xs), statistics.fmean(ys), min(ys), max(ys)))
+    return band
+
+
+def draw_curves(engine: sa.Engine, table: Table, x_axes: tuple[str, ...] = ("hours", "tokens"),
+                plan: CurvePlan | None = None):
+    """One figure per table: rows train / eval loss, columns the x axes; each panel draws the plan's curves
+    (one line per run in a table of up to MAX_CURVES runs)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [r for col in table.runs for r in col]
-    ids = [r.row.id for r in runs]
+    plan = plan or plan_curves(table)
     points: dict[tuple[int, str], list[Any]] = {}
-    if ids:
-        with engine.connect() as conn:
-            for m in conn.execute(sa.select(db.Metric).where(db.Metric.run_id.in_(ids)).order_by(db.Metric.step)):
-                points.setdefault((m.run_id, m.split), []).append(m)
+    for p in metric_points(engine, [r.row.id for c in plan.curves for r in c.runs]):
+        points.setdefault((p.run_id, p.split), []).append(p)
     fig, axes = plt.subplots(2, len(x_axes), figsize=(5.5 * len(x_axes), 7.5), squeeze=False, sharey="row")
-    labels = {r.row.id: f"run {r.row.id}: " + _label(r.axes, [k for k in _varying(runs, set()) or ["architecture"]])
-              for r in runs}
     longest = max((p.elapsed_seconds for pts in points.values() for p in pts), default=0.0)
     unit, per = time_unit(longest)
     for i, split in enumerate(("train", "eval")):
         for j, x in enumerate(x_axes):
             ax = axes[i][j]
-            for r in runs:
-                pts = points.get((r.row.id, split), [])
-                xs = [p.elapsed_seconds / per if x == "hours" else _x(p, x) for p in pts]
-                ax.plot(xs, [p.loss for p in pts], marker="o" if split == "eval" else None, markersize=3,
-                        linewidth=1.4, label=labels[r.row.id], gid=f"run-{r.row.id}-{split}-{x}")
+            for curve in plan.curves:
+                series = [[(p.elapsed_seconds / per if x == "hours" else _x(p, x), p.loss)
+                           for p in points.get((r.row.id, split), [])] for r in curve.runs]
+                style = dict(marker="o" if split == "eval" else None, markersize=3, linewidth=1.4, label=curve.label,
+                             gid=f"{curve.gid}-{split}-{x}")
+                if not plan.is_aggregate:
+                    ax.plot([p[0] for p in series[0]], [p[1] for p in series[0]], **style)
+                    continue
+                band = _seed_band(series)
+                xs, mean, low, high = ([b[c] for b in band] for c in range(4))
+                (line,) = ax.plot(xs, mean, **style)
+                ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
             ax.set_xlabel({"hours": f"training wall clock ({unit})", "tokens": "tokens seen", "steps": "steps"}[x])
             ax.set_ylabel(f"{split} loss (nats)")
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8, loc="upper right")
+    configs = len(set(plan.configuration.values()))
+    title = f"{len(plan.curves)} of {configs} configurations; band: min–max over seeds" if plan.is_aggregate else None
+    axes[0][0].legend(fontsize=8, loc="upper right", title=title, title_fontsize=8)
     fig.suptitle(table.title)
     fig.tight_layout()
     return fig
@@ -364,35 +458,38 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
             artifacts: str | Path | None = None) -> Report:
     out.mkdir(parents=True, exist_ok=True)
     figures: list[Path] = []
+    points_files: list[Path] = []
     embedded: list[str] = []
-    import matplotlib.pyplot as plt
-
+    captions: list[str] = []
     if spec.report.kind == "loss":
         for t in tables:
-            fig = draw_curves(engine, t, spec.report.curves)
             stem = out / f"curves-{_slug(t.title)}"
-            for ext in ("png", "svg"):
-                if ext in formats or (ext == "png" and "html" in formats):
-                    fig.savefig(stem.with_suffix(f".{ext}"), dpi=110)
-                    figures.append(stem.with_suffix(f".{ext}"))
-            buf = io.BytesIO()
-            fig.savefig(buf, format="png", dpi=110)
-            embedded.append(base64.b64encode(buf.getvalue()).decode())
-            plt.close(fig)
-    files = list(figures)
+            plan = plan_curves(t, stem.with_suffix(".csv").name if "csv" in formats else None)
+            if "csv" in formats:
+                write_curve_points(engine, plan, stem.with_suffix(".csv"))
+                points_files.append(stem.with_suffix(".csv"))
+            captions.append(plan.caption)
+            if {"png", "svg", "html"} & set(formats):
+                figures += _save_figure(draw_curves(engine, t, spec.report.curves, plan), stem, formats, embedded)
+    files = figures + points_files
     summary = _summary(views)
     orderings = check_orderings(spec, views)
-    samples = _samples(views, spec.report.prompt, url, artifacts) if spec.report.prompt and "samples" not in skip else []
+    samples, sampleable = (_samples(views, spec.report.prompt, url, artifacts) if spec.report.prompt
+                           and "samples" not in skip else ([], 0))
+    of_runs = (f" ({len(samples)} of {sampleable} runs with a checkpoint: the lowest test losses)"
+               if len(samples) < sampleable else "")
     if "md" in formats:
         md = [f"# {spec.name}", "", spec.description, "", summary, ""]
         md += [f"**Against the study.** {line}\n" for line in orderings]
+        drawn = set(figures)
         for t, fig_index in zip(tables, range(len(tables))):
             md += [t.markdown(), ""]
             png = out / f"curves-{_slug(t.title)}.png"
-            if png in figures:
+            if png in drawn:
                 md += [f"![{t.title}]({png.name})", ""]
+                md += [f"_Figure: {captions[fig_index]}._", ""] if captions[fig_index] else []
         if samples:
-            md += [f"**Completions of the prompt** _{spec.report.prompt}_", ""]
+            md += [f"**Completions of the prompt** _{spec.report.prompt}_{of_runs}", ""]
             md += [f"- run {rid} ({label}): {text}" for rid, label, text in samples]
         (out / "report.md").write_text("\n".join(md))
         files.append(out / "report.md")
@@ -403,8 +500,10 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
             parts.append(t.html())
             if i < len(embedded):
                 parts.append(f'<img alt="{html.escape(t.title)}" src="data:image/png;base64,{embedded[i]}">')
+                parts += [f"<p class=note>Figure: {html.escape(captions[i])}.</p>"] if captions[i] else []
         if samples:
-            parts.append(f"<h3>Completions of the prompt</h3><p><i>{html.escape(spec.report.prompt)}</i></p><ul>")
+            parts.append(f"<h3>Completions of the prompt</h3><p><i>{html.escape(spec.report.prompt)}</i>"
+                         f"{html.escape(of_runs)}</p><ul>")
             parts += [f"<li>run {rid} ({html.escape(label)}): {html.escape(text)}</li>" for rid, label, text in samples]
             parts.append("</ul>")
         style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
@@ -422,24 +521,54 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
     return Report(sweep=spec.name, tables=tables, figures=figures, out=out, files=files, orderings=orderings)
 
 
+def _save_figure(fig: Any, stem: Path, formats: tuple[str, ...], embedded: list[str]) -> list[Path]:
+    """Render the png once (its bytes are both the file and the HTML's embedded image), the svg once if asked."""
+    import matplotlib.pyplot as plt
+
+    saved = []
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    if "png" in formats or "html" in formats:
+        stem.with_suffix(".png").write_bytes(png.getvalue())
+        saved.append(stem.with_suffix(".png"))
+    if "svg" in formats:
+        fig.savefig(stem.with_suffix(".svg"), dpi=110)
+        saved.append(stem.with_suffix(".svg"))
+    embedded.append(base64.b64encode(png.getvalue()).decode())
+    plt.close(fig)
+    return saved
+
+
+MAX_COMPLETIONS = 10  # prompt completions in a report (each loads a run's model); past it, the lowest test losses
+
+
 def _samples(views: list[RunView], prompt: str, url: str | None, artifacts: str | Path | None,
-             max_new: int = 48) -> list[tuple[int, str, str]]:
-    """(run id, label, greedy completion) for every completed run whose checkpoint is inside `artifacts`."""
+             max_new: int = 48) -> tuple[list[tuple[int, str, str]], int]:
+    """(run id, label, greedy completion) for the completed runs whose checkpoint is inside `artifacts`, at most
+    MAX_COMPLETIONS of them (the lowest final test losses), and how many runs had such a checkpoint."""
+    candidates = [v for v in views if v.row.status == "completed" and v.row.checkpoint_path
+                  and v.axes.get("objective", "clm") in ("clm", "multi_token")]  # a next-token head to sample from
+    if not candidates:
+        return [], 0  # no model to load: torch is not even imported
     from ablate.generate import complete, load_run_model, run_checkpoint
 
-    keys = _varying(views, set()) or ["architecture"]
-    out = []
-    for v in views:
-        if v.row.status != "completed" or v.axes.get("objective", "clm") not in ("clm", "multi_token"):
-            continue  # multi-token and clm have a next-token head to sample from
+    reachable = []
+    for v in candidates:
         try:
             run_checkpoint(v.row, artifacts)
         except AblateError:  # not reachable from here (another machine's artifacts, or outside the folder)
             continue
-        trial, model, tokenizer = load_run_model(v.row.id, url, artifacts)
-        text = complete(model, tokenizer, prompt, trial.context, max_new=max_new).replace("\n", " ")
-        out.append((v.row.id, _label(v.axes, keys), text))
-    return out
+        reachable.append(v)
+    best = sorted(reachable, key=lambda v: _completed([v], "final_eval_loss") or [math.inf])[:MAX_COMPLETIONS]
+    chosen = {v.row.id for v in best}
+    keys = _varying(views, set()) or ["architecture"]
+    out = []
+    for v in reachable:
+        if v.row.id in chosen:
+            trial, model, tokenizer = load_run_model(v.row.id, url, artifacts)
+            text = complete(model, tokenizer, prompt, trial.context, max_new=max_new).replace("\n", " ")
+            out.append((v.row.id, _label(v.axes, keys), text))
+    return out, len(reachable)
 
 
 def _summary(views: list[RunView]) -> str:

@@ -76,6 +76,29 @@ def busy_cores(sample_seconds: float = 0.5) -> int:
     return min(host_cores() - 1, int(load + 0.5))
 
 
+def visible_gpus() -> int:
+    """CUDA devices this process may use, without importing torch (the runner stays light): the ids in
+    CUDA_VISIBLE_DEVICES when set, else the GPUs `nvidia-smi -L` lists (0 without a driver)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = 0
+        for device in visible.split(","):  # CUDA stops at the first invalid id ("-1", "")
+            if not device.strip() or device.strip().startswith("-"):
+                break
+            count += 1
+        return count
+    import shutil
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.splitlines())
+
+
 def default_threads(concurrent: int, processes_per_trial: int = 1) -> int:
     """Each trainer process's share of the cores left free when `concurrent` trials run at once here.
 
@@ -235,22 +258,53 @@ def register(spec_path: str | Path, db_url: str | None = None, max_trials: int =
     engine = db.connect(db_url)
     sweep_id, ids = db.register_sweep(engine, spec, trials, spec_path=str(spec_path))
     if spec.search is None:
-        dropped = db.drop_stale_runs(engine, sweep_id, {t.fingerprint() for t in trials})
+        dropped = db.drop_stale_runs(engine, sweep_id, set(ids))
         if dropped and say is not None:
             say(f"sweep {spec.name}: dropped {dropped} unfinished run(s) whose trial is no longer in {spec_path}")
     return spec, sweep_id, ids
 
 
-def sweep_runs(engine: sa.Engine, name: str) -> list[db.Run]:
-    with db.session_factory(engine)() as session:
-        sweep = session.scalar(sa.select(db.Sweep).where(db.Sweep.name == name))
-        if sweep is None:
-            known = session.scalars(sa.select(db.Sweep.name)).all()
+def sweep_id(engine: sa.Engine, name: str) -> int:
+    """The id of the sweep named `name`, or an error that lists the known names."""
+    with engine.connect() as conn:
+        found = conn.execute(sa.select(db.Sweep.id).where(db.Sweep.name == name)).scalar()
+        if found is None:
+            known = conn.execute(sa.select(db.Sweep.name)).scalars().all()
             from ablate.errors import did_you_mean
 
             raise AblateError(f"no sweep named {name!r} in the results DB{did_you_mean(name, known)}; "
                               f"known: {', '.join(known) or 'none yet'}")
-        return list(session.scalars(sa.select(db.Run).where(db.Run.sweep_id == sweep.id).order_by(db.Run.trial_index)))
+    return found
+
+
+def sweep_runs(engine: sa.Engine, name: str) -> list[db.Run]:
+    """Every run of the sweep as full rows (config, versions ...), in trial order."""
+    sid = sweep_id(engine, name)
+    with db.session_factory(engine)() as session:
+        return list(session.scalars(sa.select(db.Run).where(db.Run.sweep_id == sid).order_by(db.Run.trial_index)))
+
+
+# what a status table shows: run-row columns only (the latest points are kept there), never the metrics table
+STATUS_COLUMNS = ("id", "trial_index", "architecture", "options", "d_model", "layers", "heads", "lr", "batch_size",
+                  "status", "budget_kind", "budget_amount", "train_seconds", "steps", "final_train_loss",
+                  "final_eval_loss", "last_step", "last_elapsed_seconds", "last_train_loss", "last_eval_loss",
+                  "finished_at", "error")
+
+
+def status_rows(engine: sa.Engine, name: str) -> list[sa.Row]:
+    """The sweep's runs for a status table, in trial order: one query over run-row columns."""
+    sid = sweep_id(engine, name)
+    with engine.connect() as conn:
+        return list(conn.execute(sa.select(*(getattr(db.Run, c) for c in STATUS_COLUMNS))
+                                 .where(db.Run.sweep_id == sid).order_by(db.Run.trial_index)))
+
+
+def status_counts(engine: sa.Engine, name: str) -> dict[str, int]:
+    """How many of the sweep's runs are in each status."""
+    sid = sweep_id(engine, name)
+    with engine.connect() as conn:
+        return dict(conn.execute(sa.select(db.Run.status, sa.func.count()).where(db.Run.sweep_id == sid)
+                                 .group_by(db.Run.status).order_by(db.Run.status)).all())
 
 
 def cancel(engine: sa.Engine, name: str) -> tuple[int, int]:

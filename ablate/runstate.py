@@ -114,6 +114,9 @@ class Recorder:
             with self.engine.begin() as conn:
                 conn.execute(sa.delete(db.Metric).where(db.Metric.run_id == self.run_id, db.Metric.step > step,
                                                         db.Metric.split.in_(("train", "eval"))))
+                if step < 0:  # a new attempt from step 0: nothing logged yet
+                    conn.execute(sa.update(db.Run).where(db.Run.id == self.run_id).values(
+                        last_step=None, last_elapsed_seconds=None, last_train_loss=None, last_eval_loss=None))
 
     def update(self, **fields: Any) -> None:
         if self.engine is not None and not self.lost:

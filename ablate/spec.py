@@ -321,21 +321,20 @@ class TrialConfig(Frozen):
             if self.heads is None or self.heads % self.kv_heads:
                 raise ValueError(f"kv_heads={self.kv_heads} must divide heads={self.heads}")
         options_cls = models.options_model(self.architecture)
-        if options_cls is not None:
-            try:
-                opts = options_cls(**self.options)
-            except ValidationError as exc:
-                names = list(options_cls.model_fields)
-                msgs = []
-                for err in exc.errors():
-                    key = ".".join(str(p) for p in err["loc"])
-                    if err["type"] == "extra_forbidden":
-                        msgs.append(f"unknown {self.architecture} option '{key}'{did_you_mean(key, names)}; options: {one_of(names)}")
-                    else:
-                        msgs.append(f"option {key}: {err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})")
-                raise ValueError("; ".join(msgs)) from None
-            if hasattr(opts, "check_trial"):
-                opts.check_trial(self)
+        try:
+            opts = options_cls(**self.options)
+        except ValidationError as exc:
+            names = list(options_cls.model_fields)
+            msgs = []
+            for err in exc.errors():
+                key = ".".join(str(p) for p in err["loc"])
+                if err["type"] == "extra_forbidden":
+                    msgs.append(f"unknown {self.architecture} option '{key}'{did_you_mean(key, names)}; options: {one_of(names)}")
+                else:
+                    msgs.append(f"option {key}: {err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})")
+            raise ValueError("; ".join(msgs)) from None
+        if hasattr(opts, "check_trial"):
+            opts.check_trial(self)
         return self
 
     def objective_settings(self) -> Any:
@@ -356,10 +355,7 @@ class TrialConfig(Frozen):
             raise ValueError("; ".join(msgs)) from None
 
     def fingerprint(self) -> str:
-        data = self.model_dump(mode="json")
-        if not data["objective_options"]:  # trials from before objective options keep their identity
-            del data["objective_options"]
-        return fingerprint(data)
+        return trial_fingerprint(self.model_dump(mode="json"))
 
     def axes(self) -> dict[str, Any]:
         """The values that vary across the studies' tables, flattened (options as options.key)."""
@@ -370,13 +366,19 @@ class TrialConfig(Frozen):
 
     def effective_options(self) -> dict[str, Any]:
         """The family's option defaults overlaid with this trial's options (the fingerprint keeps only the latter)."""
-        cls = models.options_model(self.architecture)
-        return cls(**self.options).model_dump(mode="json") if cls is not None else dict(self.options)
+        return models.options_model(self.architecture)(**self.options).model_dump(mode="json")
 
 
 AXIS_FIELDS = ("architecture", "objective", "d_model", "layers", "heads", "context", "lr", "batch_size", "seed")
 SWEEP_LEVEL_FIELDS = ("dataset", "tokenizer", "budget", "eval")
 GRID_FIELDS = tuple(f for f in TrialConfig.model_fields if f not in SWEEP_LEVEL_FIELDS)
+
+
+def trial_fingerprint(config: dict[str, Any]) -> str:
+    """A trial's identity from its JSON dump (`model_dump(mode="json")`), for callers that already hold it."""
+    if not config["objective_options"]:  # trials from before objective options keep their identity
+        config = {k: v for k, v in config.items() if k != "objective_options"}
+    return fingerprint(config)
 
 
 def fingerprint(data: Any) -> str:

@@ -9,7 +9,6 @@ from its last checkpoint and continues the same trajectory; metrics are never du
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import os
@@ -92,12 +91,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     loss_fn = objectives.loss_function(trial)
     count_targets = objectives.target_counter(trial)
 
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": trial.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=trial.lr, betas=(0.9, 0.95), fused=device.type == "cuda",
-    )
+    optimizer = make_optimizer(model, trial, device)
     scaler = torch.amp.GradScaler(device.type) if trial.precision == "fp16" else None
     wrapped: torch.nn.Module = model
     if dist_.world > 1:
@@ -181,11 +175,12 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
         optimizer.zero_grad(set_to_none=True)
         return loss_sum, count, progress.micro_batch * progress.grad_accum * dist_.world, host_tokens * dist_.world
 
-    # ---- untimed warm-up steps (compile, allocator), then state restored: they teach the model nothing
+    # ---- untimed warm-up steps (compile, allocator) at lr 0, which leaves every weight as it was (AdamW moves a
+    # weight by lr times its update, decay included); the optimizer's moments, the scaler and the RNGs are reset
+    # afterwards, so they teach the model nothing. No copy of model or optimizer is made.
+    warmup_seconds = 0.0
     if not resumed and settings.warmup_steps > 0:
         t0 = time.perf_counter()
-        saved_model = copy.deepcopy(model.state_dict())
-        saved_opt = copy.deepcopy(optimizer.state_dict())
         saved_rng = rng_state()
         while True:
             try:
@@ -199,18 +194,20 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
                 if not _shrink(trial, progress, optimizer, device):
                     return _finish_oom(recorder, trial, progress, clock, device, exc, time.perf_counter() - t_start,
                                        params)
-                model.load_state_dict(saved_model)
-                optimizer.load_state_dict(saved_opt)
         sync()
-        model.load_state_dict(saved_model)
-        optimizer.load_state_dict(saved_opt)
+        optimizer.state.clear()  # as built: no moments, step counts from 0
+        optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler = torch.amp.GradScaler(device.type)
         set_rng_state(saved_rng)
         clock.meters["data"] = 0.0
-        clock.meters["warmup"] += time.perf_counter() - t0
+        warmup_seconds = time.perf_counter() - t0
+        clock.meters["warmup"] += warmup_seconds
         if use_compile:
-            clock.meters["compile"] += time.perf_counter() - t0
+            clock.meters["compile"] += warmup_seconds
 
-    startup = time.perf_counter() - t_start - clock.meters.get("warmup", 0.0)
+    # this attempt's own start-up (a resumed run's meters also hold its earlier attempts' warm-up)
+    startup = time.perf_counter() - t_start - warmup_seconds
     clock.meters["startup"] = startup  # data cache, model build, optimizer (its first use imports torch._dynamo)
     recorder.update(params=params, inter_token_params=fam.inter_token_params(trial), flops_per_token=flops_per_token,
                     device_name=device_name, startup_seconds=startup, checkpoint_path=str(ckpt_path.resolve()),
@@ -331,6 +328,16 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
                          flops_per_token, device_name, final_train, final_eval)
     return _finalize(recorder, "completed", None, progress, clock, device, params, flops_per_token, device_name,
                      final_train, final_eval)
+
+
+def make_optimizer(model: torch.nn.Module, trial: TrialConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on norms, biases or other vectors); fused on CUDA."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": trial.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=trial.lr, betas=(0.9, 0.95), fused=device.type == "cuda",
+    )
 
 
 def _shrink(trial: TrialConfig, progress: Progress, optimizer: Any, device: torch.device) -> bool:

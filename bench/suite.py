@@ -134,41 +134,14 @@ def ways(device: torch.device, quick: bool, root: Path) -> list[dict[str, Any]]:
     rows = []
     for arch in ("mixer", "llama"):
         t = trial(arch, d, layers, context, batch, budget={"steps": steps})
-        t = t.model_copy(update={"precision": "bf16" if gpu else "fp32"})
+        t = t.model_copy(update={"precision": "bf16" if gpu else "fp32", "compile": gpu})  # both sides alike
         a = train(t, Settings(artifacts=root, progress=False, resume=False, checkpoint_every=1e9,
                               device=str(device)))["tokens_per_second"]
-        b = bare_loop(t, root, steps) if not gpu else _bare_gpu(t, root, steps, device)
+        b = bare_loop(t, root, steps, device)
         c = studies_way(t, root, steps, device)
         rows.append({"arch": arch, "d_model": d, "steps": steps, "trainer_tok_s": a, "bare_tok_s": b, "studies_tok_s": c,
                      "trainer/bare": a / b, "trainer/studies": a / c})
     return rows
-
-
-def _bare_gpu(t: TrialConfig, root: Path, steps: int, device: torch.device) -> float:
-    """The bare loop on GPU, in the trial's precision, with the same batches."""
-    from ablate.data import prepare
-
-    prepared = prepare(t.dataset, t.tokenizer, t.context, root, progress=False)
-    torch.manual_seed(t.seed)
-    model = models.build(t, prepared.vocab_size).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(0.9, 0.95), fused=True)
-    order = prepared.train.order(0, t.seed)
-    tokens = 0
-    for step in range(steps + 2):
-        if step == 2:
-            _sync(device)
-            t0, tokens = time.perf_counter(), 0
-        idx = order[(np.arange(t.batch_size) + step * t.batch_size) % len(order)]
-        ids, labels = prepared.train.batch(idx)
-        tokens += int((labels[:, 1:] != -100).sum())
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            s, c = causal_lm_loss(model(ids.to(device)), labels.to(device))
-        (s / c).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    _sync(device)
-    return tokens / (time.perf_counter() - t0)
 
 
 def studies_way(t: TrialConfig, root: Path, steps: int, device: torch.device) -> float:

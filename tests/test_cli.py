@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import subprocess
 import sys
@@ -75,9 +77,9 @@ def test_sql_error_is_reported(sqlite_url, capsys):
 
 def test_db_upgrade_and_current(sqlite_url, capsys):
     assert main(["db", "upgrade", "--db", sqlite_url]) == 0
-    assert "-> 0005" in capsys.readouterr().out
+    assert "-> 0006" in capsys.readouterr().out
     assert main(["db", "current", "--db", sqlite_url]) == 0
-    assert "schema 0005" in capsys.readouterr().out
+    assert "schema 0006" in capsys.readouterr().out
 
 
 def test_dead_database_error_from_the_cli(capsys):
@@ -118,9 +120,13 @@ def test_sweep_status_and_cancel(sqlite_url, capsys):
         ids = conn.execute(sa.select(db.Run.id).order_by(db.Run.id)).scalars().all()
     db.update_run(engine, ids[0], status="completed", final_train_loss=2.5, final_eval_loss=2.75, steps=10)
     capsys.readouterr()
-    assert main(["sweep", "status", "smoke", "--db", sqlite_url]) == 0
+    assert main(["sweep", "status", "smoke", "--db", sqlite_url, "--format", "table"]) == 0
     out = capsys.readouterr().out
-    assert out.count("pending") == 3 and "completed" in out and "2.750" in out
+    assert out.count("pending") == 3 + 1 and "1 completed, 3 pending" in out and "2.750" in out  # rows + caption
+    assert main(["sweep", "status", "smoke", "--db", sqlite_url]) == 0  # not a terminal: csv of every run
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["status"] for r in rows] == ["completed", "pending", "pending", "pending"]
+    assert float(rows[0]["eval"]) == 2.75 and rows[0]["steps"] == "10" and rows[1]["eval"] == ""
     assert main(["sweep", "cancel", "smoke", "--db", sqlite_url]) == 0
     assert "3 waiting runs cancelled" in capsys.readouterr().out
     with engine.connect() as conn:

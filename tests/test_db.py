@@ -21,7 +21,7 @@ def test_schema_is_created_at_head_and_matches_the_models(db_url):
     from alembic.migration import MigrationContext
 
     engine = db.connect(db_url)
-    assert db.current_revision(engine) == db.head_revision(engine)
+    assert db.current_revision(engine) == db.head_revision(engine) == db.SCHEMA_HEAD == db.stored_revision(engine)
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn, opts={"version_table": db.VERSION_TABLE}), db.Base.metadata)
     assert diff == [], f"models and migrations disagree: {diff}"

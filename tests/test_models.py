@@ -95,12 +95,14 @@ def case(request) -> Case:
 
 
 def test_family_exposes_the_contract(case):
-    family = models.family(case.architecture)
-    for name in ("Options", "build", "param_count", "inter_token_params", "mixing_flops_per_token"):
-        assert hasattr(family, name), f"{case.architecture} lacks {name}"
+    family, sizes = models.family(case.architecture), models.options_module(case.architecture)
+    assert hasattr(family, "build"), f"{case.architecture} lacks build"
+    for name in ("Options", "param_count", "inter_token_params", "mixing_flops_per_token"):
+        assert hasattr(sizes, name), f"{case.architecture}'s options module lacks {name}"
+        assert getattr(family, name) is getattr(sizes, name), f"{case.architecture} does not re-export {name}"
     trial = make_trial(case)
-    assert isinstance(family.mixing_flops_per_token(trial), float)
-    assert 0 <= family.inter_token_params(trial) <= family.param_count(trial, VOCAB)
+    assert isinstance(sizes.mixing_flops_per_token(trial), float)
+    assert 0 <= sizes.inter_token_params(trial) <= sizes.param_count(trial, VOCAB)
 
 
 def test_shapes(case):
@@ -112,8 +114,8 @@ def test_shapes(case):
 
 def test_param_count_is_exact(case):
     model = make_model(case)
-    family = models.family(case.architecture)
-    assert family.param_count(make_trial(case), VOCAB) == sum(p.numel() for p in model.parameters())
+    sizes = models.options_module(case.architecture)
+    assert sizes.param_count(make_trial(case), VOCAB) == sum(p.numel() for p in model.parameters())
 
 
 def _changes_before(model, x: torch.Tensor, t: int, seed: int) -> float:

@@ -187,6 +187,9 @@ def test_a_run_killed_midway_resumes_the_same_trajectory_without_duplicate_metri
     final_a = db.get_run(db.connect(url_a), run_a)
     final_b = db.get_run(db.connect(url_b), run_b)
     assert final_b.status == "completed" and final_b.steps == final_a.steps == steps
+    assert final_b.startup_seconds >= 0  # this attempt's own start-up, not minus the first attempt's warm-up
+    assert final_b.last_step == final_a.last_step and final_b.last_train_loss == pytest.approx(final_a.last_train_loss,
+                                                                                              rel=2e-3)
 
 
 @pytest.mark.slow

@@ -1,18 +1,20 @@
-"""The architecture registry: one line per family, each family in its own file.
+"""The architecture registry: a family is a model module (torch) and an options module (torch-free).
 
-A family module exposes:
+A family's torch-free module (OPTIONS_MODULES, `options_module(name)`) exposes what planning needs:
     Options                      frozen pydantic model of the family's options (extra keys forbidden)
-    build(trial, vocab_size)     -> nn.Module mapping input_ids (B, T) -> logits (B, T, V)
     param_count(trial, vocab_size) -> int, the closed-form parameter count
     inter_token_params(trial)      -> int, parameters that mix across positions
     mixing_flops_per_token(trial)  -> float, forward FLOPs/token of token mixing (beyond 2 * params)
+Its model module (FAMILIES, `family(name)`) imports torch, re-exports those, and adds
+    build(trial, vocab_size)     -> nn.Module mapping input_ids (B, T) -> logits (B, T, V)
 
 Models of the families that the stack-rebuilding objectives support (spec.OBJECTIVE_ARCHITECTURES:
 bidirectional, autoencoder, one_step) also expose their parts: embed(input_ids) -> (B, T, D),
 hidden_from_embeds(x) -> (B, T, D) through every block, head(hidden) -> logits, and `layers`
 (the block ModuleList).
 
-Modules are imported lazily so that reading a spec does not pay for torch/transformers.
+Modules are imported lazily, and reading, planning and registering a spec import only the torch-free
+ones, so that they never pay for torch/transformers.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import typing
 from types import ModuleType
 from typing import Any
 
+from pydantic import BaseModel
+
 from ablate.errors import AblateError, did_you_mean, one_of
 
 FAMILIES: dict[str, str] = {
@@ -32,6 +36,15 @@ FAMILIES: dict[str, str] = {
     "hybrid": "ablate.models.hybrid",
     "metaformer": "ablate.models.metaformer",
     "mod": "ablate.models.mod",
+}
+
+OPTIONS_MODULES: dict[str, str] = {
+    "llama": "ablate.models.llama_options",
+    "gpt": "ablate.models.gpt_options",
+    "mixer": "ablate.models.mixer_options",
+    "hybrid": "ablate.models.hybrid_options",
+    "metaformer": "ablate.models.metaformer_options",
+    "mod": "ablate.models.mod_options",
 }
 
 DESCRIPTIONS: dict[str, str] = {
@@ -52,21 +65,20 @@ def check_architecture(name: str) -> None:
 
 
 def family(name: str) -> ModuleType:
-    """The family module for an architecture name (imports it)."""
+    """The family's model module for an architecture name (imports it, and torch): for building."""
     check_architecture(name)
     return importlib.import_module(FAMILIES[name])
 
 
-def options_model(name: str) -> Any:
-    """The family's Options class, or None while the family has no implementation yet."""
+def options_module(name: str) -> ModuleType:
+    """The family's torch-free module: Options, param_count, inter_token_params, mixing_flops_per_token."""
     check_architecture(name)
-    try:
-        module = importlib.import_module(FAMILIES[name])
-    except ModuleNotFoundError as exc:
-        if exc.name == FAMILIES[name]:
-            return None
-        raise
-    return getattr(module, "Options", None)
+    return importlib.import_module(OPTIONS_MODULES[name])
+
+
+def options_model(name: str) -> type[BaseModel]:
+    """The family's Options class."""
+    return options_module(name).Options
 
 
 def build(trial: Any, vocab_size: int):
@@ -78,11 +90,9 @@ def list_families() -> list[dict[str, Any]]:
     """Every family with its description and options (name, type, default, help), for `ablate models`."""
     out = []
     for name in FAMILIES:
-        options_cls = options_model(name)
-        fields = options_cls.model_fields if options_cls is not None else {}
         options = [
             {"name": key, "type": _type_name(f.annotation), "default": f.default, "help": f.description or ""}
-            for key, f in fields.items()
+            for key, f in options_model(name).model_fields.items()
         ]
         out.append({"name": name, "description": DESCRIPTIONS[name], "options": options})
     return out

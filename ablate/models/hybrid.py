@@ -14,27 +14,14 @@ The Llama-style pieces here (RMSNorm, rotary, Attention, SwiGLU, DecoderLayer) a
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
+# options and sizes live without torch in hybrid_options; the registry contract re-exports them here
+from ablate.models.hybrid_options import Options, head_counts, inter_token_params, mixing_flops_per_token, param_count  # noqa: F401
 from ablate.models.mixer import SequenceMixing
-
-
-class Options(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    placement: Literal["sequential", "parallel"] = Field("sequential", description="mixer after attention (on its output) or beside it (same input), outputs summed")
-    intermediate: int | None = Field(None, gt=0, description="SwiGLU inner width; default 4 * d_model")
-    tie_weights: bool = Field(False, description="share the token embedding with the LM head")
-
-    def check_trial(self, trial) -> None:
-        if trial.heads is None:
-            raise ValueError("the hybrid family needs heads (attention heads), e.g. heads: 4")
 
 
 # ---------------------------------------------------------------- Llama-style pieces
@@ -89,11 +76,6 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)  # (B, H, T, E)
         return self.o_proj(rearrange(y, "b h t e -> b t (h e)"))
 
-    @staticmethod
-    def param_count(d_model: int, heads: int, kv_heads: int) -> int:
-        head_dim = d_model // heads
-        return 2 * d_model * heads * head_dim + 2 * d_model * kv_heads * head_dim
-
 
 class SwiGLU(nn.Module):
     def __init__(self, d_model: int, inner: int):
@@ -128,10 +110,6 @@ class DecoderLayer(nn.Module):
             mixed = self.mixer((a if self.placement == "sequential" else h)[:, None])[:, 0]  # (B, T, D)
             x = x + a + mixed
         return x + self.mlp(self.post_attention_norm(x))
-
-    @staticmethod
-    def param_count(d_model: int, heads: int, kv_heads: int, inner: int) -> int:
-        return Attention.param_count(d_model, heads, kv_heads) + 3 * d_model * inner + 2 * d_model
 
 
 def init_llama_style(model: nn.Module, std: float = 0.02) -> None:
@@ -178,31 +156,6 @@ class Hybrid(nn.Module):
 # ---------------------------------------------------------------- registry contract
 
 
-def _heads(trial) -> tuple[int, int]:
-    return trial.heads, trial.kv_heads or trial.heads
-
-
 def build(trial, vocab_size: int) -> nn.Module:
-    heads, kv_heads = _heads(trial)
+    heads, kv_heads = head_counts(trial)
     return Hybrid(vocab_size, trial.d_model, trial.layers, heads, kv_heads, trial.context, Options(**trial.options))
-
-
-def param_count(trial, vocab_size: int) -> int:
-    o, d = Options(**trial.options), trial.d_model
-    heads, kv_heads = _heads(trial)
-    layer = DecoderLayer.param_count(d, heads, kv_heads, o.intermediate or 4 * d) + SequenceMixing.param_count(trial.context)
-    return vocab_size * d * (1 if o.tie_weights else 2) + trial.layers * layer + d
-
-
-def inter_token_params(trial) -> int:
-    heads, kv_heads = _heads(trial)
-    return trial.layers * (Attention.param_count(trial.d_model, heads, kv_heads) + SequenceMixing.param_count(trial.context))
-
-
-def mixing_flops_per_token(trial) -> float:
-    """Attention scores and weighted sum, 2*T*d each (full T = context, no causal halving), plus the
-    mixer's actual 2*T*d + d per token minus the 2*(T^2 + T) that 6N counts for its weights."""
-    c, d = trial.context, trial.d_model
-    attention = 4 * c * d
-    mixer = (2 * c * d + d) - 2 * (c * c + c)
-    return float(trial.layers * (attention + mixer))

@@ -24,32 +24,14 @@ aux-router parameters. The last value is kept in `last_aux_loss` for logging.
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
-from ablate.models.hybrid import Attention, DecoderLayer, RMSNorm, init_llama_style, rotary
-
-
-class Options(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    capacity: float = Field(0.125, gt=0, le=1, description="fraction of each sequence's tokens that pass through a routed block")
-    router: Literal["sigmoid", "softmax"] = Field("sigmoid", description="router weight: sigmoid of the token's score, or the blog's softmax over the selected tokens (not causal)")
-    every: int = Field(2, ge=1, description="route every n-th block (blocks n-1, 2n-1, ...); 1 routes all blocks")
-    inference_router: Literal["aux", "topk"] = Field("aux", description="eval-mode selection: the causal auxiliary router, or training-time top-k")
-    intermediate: int | None = Field(None, gt=0, description="SwiGLU inner width; default 4 * d_model")
-    tie_weights: bool = Field(False, description="share the token embedding with the LM head")
-
-    def check_trial(self, trial) -> None:
-        if trial.heads is None:
-            raise ValueError("the mod family needs heads (attention heads), e.g. heads: 4")
-
-    def is_routed(self, index: int) -> bool:
-        return index % self.every == self.every - 1
+from ablate.models.hybrid import DecoderLayer, RMSNorm, init_llama_style, rotary
+# options and sizes live without torch in mod_options; the registry contract re-exports them here
+from ablate.models.mod_options import Options, dimensions, inter_token_params, mixing_flops_per_token, param_count  # noqa: F401
 
 
 class AddAuxiliaryLoss(torch.autograd.Function):
@@ -74,12 +56,6 @@ class RoutedLayer(nn.Module):
         self.aux_router = nn.Sequential(nn.Linear(d_model, d_model // 2), nn.SiLU(), nn.Linear(d_model // 2, 1))
         self.last_selected: Tensor | None = None  # (B, T) bool, for tests and diagnostics
         self.last_aux_loss: Tensor | None = None
-
-    @staticmethod
-    def param_count(d_model: int, heads: int, kv_heads: int, inner: int) -> int:
-        half = d_model // 2
-        aux = d_model * half + half + half + 1
-        return DecoderLayer.param_count(d_model, heads, kv_heads, inner) + d_model + aux
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, d = x.shape
@@ -160,38 +136,6 @@ class MixtureOfDepths(nn.Module):
 # ---------------------------------------------------------------- registry contract
 
 
-def _shape(trial) -> tuple[Options, int, int, int]:
-    o = Options(**trial.options)
-    return o, trial.heads, trial.kv_heads or trial.heads, o.intermediate or 4 * trial.d_model
-
-
 def build(trial, vocab_size: int) -> nn.Module:
-    o, heads, kv_heads, _ = _shape(trial)
+    o, heads, kv_heads, _ = dimensions(trial)
     return MixtureOfDepths(vocab_size, trial.d_model, trial.layers, heads, kv_heads, o)
-
-
-def param_count(trial, vocab_size: int) -> int:
-    o, heads, kv_heads, inner = _shape(trial)
-    d = trial.d_model
-    routed = sum(o.is_routed(i) for i in range(trial.layers))
-    n = routed * RoutedLayer.param_count(d, heads, kv_heads, inner)
-    n += (trial.layers - routed) * DecoderLayer.param_count(d, heads, kv_heads, inner)
-    return n + vocab_size * d * (1 if o.tie_weights else 2) + d
-
-
-def inter_token_params(trial) -> int:
-    _, heads, kv_heads, _ = _shape(trial)
-    return trial.layers * Attention.param_count(trial.d_model, heads, kv_heads)
-
-
-def mixing_flops_per_token(trial) -> float:
-    """Per token, averaged over the sequence, at T = context, no causal halving:
-    full blocks: attention 4*T*d; routed blocks: attention among the C routed tokens, 4*C^2*d/T, minus
-    2 * block params for the (1 - C/T) tokens that skip the block (6N counts every token through it)."""
-    o, heads, kv_heads, inner = _shape(trial)
-    t, d = trial.context, trial.d_model
-    c = math.ceil(o.capacity * t)
-    routed = sum(o.is_routed(i) for i in range(trial.layers))
-    block = DecoderLayer.param_count(d, heads, kv_heads, inner)
-    per_routed = 4 * c * c * d / t - 2 * (1 - c / t) * block
-    return float((trial.layers - routed) * 4 * t * d + routed * per_routed)

@@ -1,0 +1,44 @@
+"""The light front end (DESIGN.md): reading, planning and registering a spec never import torch.
+
+Each check runs in a fresh interpreter, since this test process has imported torch already.
+Parameter counts of the torch-free modules are checked against built models in test_models.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "transformers")
+MARK = "heavy modules imported:"
+
+
+def heavy_imports(code: str) -> list[str]:
+    """Run `code` in a fresh interpreter at the repository root; the HEAVY modules it imported."""
+    probe = f"{code}\nimport sys\nprint({MARK!r}, __import__('json').dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if line.startswith(MARK))
+    return json.loads(line.removeprefix(MARK))
+
+
+def test_reading_every_sweep_and_importing_the_front_end_imports_no_torch():
+    assert list(ROOT.glob("sweeps/*.yaml"))
+    code = """
+import glob
+from ablate import models, spec
+for path in sorted(glob.glob("sweeps/*.yaml")):
+    spec.load_trials(path)
+models.list_families()  # every family's options module
+import ablate.db, ablate.report, ablate.runner
+"""
+    assert heavy_imports(code) == []
+
+
+def test_plan_and_a_sweep_runners_start_import_no_torch():
+    assert heavy_imports("from ablate import cli\nassert cli.main(['plan', 'sweeps/smoke.yaml']) == 0") == []
+    assert heavy_imports("from ablate import cli\nimport flows.sweep\ncli.build_parser()") == []
