@@ -274,10 +274,12 @@ def shown_runs(rows: Sequence[Any], limit: int = STATUS_ROWS) -> list[Any]:
     then the latest finished, then the next waiting ones."""
     if len(rows) <= limit:
         return list(rows)
+    import datetime as dt
+
     from ablate import db
 
     waiting = [r for r in rows if r.status == "pending"]
-    done = sorted((r for r in rows if r.status in db.FINISHED), key=lambda r: r.finished_at or r.id, reverse=True)
+    done = sorted((r for r in rows if r.status in db.FINISHED), key=lambda r: (r.finished_at is not None, r.finished_at or dt.datetime.min, r.id), reverse=True)
     active = [r for r in rows if r.status != "pending" and r.status not in db.FINISHED]
     keep = {r.id for r in (active + done + waiting)[:limit]}
     return [r for r in rows if r.id in keep]

@@ -33,7 +33,7 @@ GOALS = {  # issue 16: what each measurement must stay under at 10,000 runs x 20
 
 # reports the rusage of the command it runs (the command is ablate's CLI, or an import check)
 _MEASURED = """
-import resource, sys, time
+import json, resource, sys, time
 t0 = time.perf_counter()
 what = sys.argv[1]
 if what == "imports":
@@ -43,7 +43,7 @@ else:
     from ablate.cli import main
     rc = main(sys.argv[2:])
 r = resource.getrusage(resource.RUSAGE_SELF)
-print("MEASURED " + repr({"rc": rc, "cpu": r.ru_utime + r.ru_stime, "wall": time.perf_counter() - t0,
+print("MEASURED " + json.dumps({"rc": rc, "cpu": r.ru_utime + r.ru_stime, "wall": time.perf_counter() - t0,
       "rss_mb": r.ru_maxrss / 1024, "torch": "torch" in sys.modules}), file=sys.stderr)
 """
 
@@ -57,7 +57,7 @@ def measure(*argv: str, cwd: Path) -> dict:
     line = [ln for ln in proc.stderr.splitlines() if ln.startswith("MEASURED ")]
     if not line:
         raise RuntimeError(f"{argv} failed:\n{proc.stderr[-3000:]}")
-    out = eval(line[-1][len("MEASURED "):])  # noqa: S307 - our own repr of a dict of numbers
+    out = json.loads(line[-1][len("MEASURED "):])
     if out["rc"] != 0:
         raise RuntimeError(f"{argv} exited {out['rc']}:\n{proc.stderr[-3000:]}")
     return out

@@ -121,6 +121,7 @@ def test_a_big_status_table_shows_the_unfinished_and_latest_runs_and_counts_the_
     engine = db.connect(sqlite_url)
     for rid in ids[:100]:
         db.update_run(engine, rid, status="completed", finished_at=db.utcnow(), final_eval_loss=3.0)
+    db.update_run(engine, ids[100], status="oom")  # finished without a finish time (an older row): still sortable
     db.update_run(engine, ids[-1], status="running")
     db.update_run(engine, ids[-2], status="failed", error="trainer exited with code 1:\nTraceback ...")
     rows = runner.status_rows(engine, "big")
