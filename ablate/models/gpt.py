@@ -2,7 +2,8 @@
 
 OpenAI GPT is post-norm with learned positions and no final norm; GPT-2 is pre-norm with a final
 LayerNorm. Both tie the LM head to the token embedding, as transformers does by default
-(`tie_weights: false` unties). Dropout defaults to 0 (the library's default is 0.1).
+(`tie_weights: false` unties). Dropout defaults to 0.1, the library's default, which the studies kept:
+their GPT rows show eval loss below train loss (masked-mixers-1.md, 2.04/1.96).
 """
 
 from __future__ import annotations

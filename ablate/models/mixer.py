@@ -10,6 +10,16 @@ padding, one masked (context x context) matrix per kernel tap, exactly as the st
 
 A shorter T uses the top-left T x T block of every sequence weight (still causal), which equals
 running the full window on right-padded input.
+
+`parallel_convs: n` runs n separate masked maps on the same input and sums their outputs, as the studies'
+n Conv1d did: n times the mixing compute per step. (For the flat mixer the sum is linear, so it is the
+same function as one map with summed weights, and every map gets the same gradient; only the cost differs.)
+
+`positional: first|every` is the studies' position input (masked-mixers-1.md, "Mixers do not benefit from
+positional encoding"): one fixed, unlearned channel holding the position -context/2 .. context/2-1 is
+concatenated to the token embedding, the blocks run at d_model + 1, and the LM head reads the other d_model
+channels; `every` writes the positions back into that channel after every block. `learned_first|learned_every`
+add a learned positional embedding instead.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from ablate.models.mixer_options import Options, inter_token_params, mixing_flop
 
 
 def _shifted_matmul(weight: Tensor, x: Tensor) -> Tensor:
-    """Sequence map with a kernel along d_model: weight (k, G, To, Ti), x (B, G, Ti, D) -> (B, G, To, D).
+    """Sequence map with a kernel along d_model: weight (k, ..., To, Ti), x (..., Ti, D) -> (..., To, D), broadcast.
 
     Tap i multiplies x shifted by i - (k - 1) // 2 along D with zero fill: Conv1d(padding='same').
     """
@@ -52,8 +62,7 @@ def _init_like_conv1d(weight: Tensor, bias: Tensor, fan_in: int) -> None:
 class SequenceMixing(nn.Module):
     """Causal linear map(s) over the sequence axis of (B, G, T, D), one set of weights per group G.
 
-    Flat: y = sum_n tril(W_n) x + b_n; the n parallel maps share their input, so their masked weights
-    are summed before one matmul (same function and gradients, one matmul instead of n).
+    Flat: y = sum_n tril(W_n) x + b_n, the n parallel maps applied separately (one matmul batched over n).
     Expanded (expand=e): y = sum_n tril(W2_n) gelu(tril(W1_n) x + b1_n) + b2_n with W1_n (e*C, C) and
     W2_n (C, e*C): the masks leave inner channels >= C unused, as masked-mixers-1.md explains.
     """
@@ -78,18 +87,17 @@ class SequenceMixing(nn.Module):
         t = x.shape[-2]
         if t > self.context:
             raise ValueError(f"sequence length {t} exceeds the mixer's context window {self.context}")
+        x = x[:, None]  # (B, 1, G, T, D): one input for the n maps
         if self.expand == 1:
-            w = torch.tril(self.weight[..., :t, :t]).sum(0)  # (k, G, T, T)
-            b = self.bias[..., :t].sum(0)  # (G, T)
-            return _shifted_matmul(w, x) + b[..., None]  # (B, G, T, D)
+            w = rearrange(torch.tril(self.weight[..., :t, :t]), "n k g o i -> k n g o i")
+            y = _shifted_matmul(w, x) + self.bias[..., :t, None]  # (B, n, G, T, D)
+            return y.sum(1)  # (B, G, T, D)
         e = self.expand * t
-        w_in = torch.tril(self.weight_in[..., :e, :t])  # (n, k, G, eT, T)
-        w_out = torch.tril(self.weight_out[..., :t, :e])  # (n, k, G, T, eT)
-        y = 0
-        for n in range(w_in.shape[0]):
-            h = F.gelu(_shifted_matmul(w_in[n], x) + self.bias_in[n, :, :e, None])  # (B, G, eT, D)
-            y = y + _shifted_matmul(w_out[n], h) + self.bias_out[n, :, :t, None]  # (B, G, T, D)
-        return y
+        w_in = rearrange(torch.tril(self.weight_in[..., :e, :t]), "n k g o i -> k n g o i")
+        w_out = rearrange(torch.tril(self.weight_out[..., :t, :e]), "n k g o i -> k n g o i")
+        h = F.gelu(_shifted_matmul(w_in, x) + self.bias_in[..., :e, None])  # (B, n, G, eT, D)
+        y = _shifted_matmul(w_out, h) + self.bias_out[..., :t, None]  # (B, n, G, T, D)
+        return y.sum(1)  # (B, G, T, D)
 
     def causal_masks(self) -> list[tuple[nn.Parameter, Tensor]]:
         """(parameter, boolean tensor of the entries the causal mask zeroes) for the contract tests."""
@@ -147,8 +155,12 @@ class MaskedMixer(nn.Module):
         self.opts, self.context = opts, context
         self.wte = nn.Embedding(vocab_size, d_model)
         self.embed_linear = nn.Linear(d_model, d_model) if opts.embed_linear else None
-        self.wpe = nn.Embedding(context, d_model) if opts.positional != "none" else None
-        self.blocks = nn.ModuleList(MixerBlock(d_model, context, opts) for _ in range(layers))
+        self.wpe = nn.Embedding(context, d_model) if opts.positional.startswith("learned") else None
+        # the studies' position channel: fixed values, a buffer (not learned, not in checkpoints)
+        positions = torch.arange(-context // 2, context // 2, dtype=torch.float32) if opts.is_position_channel else None
+        self.register_buffer("positions", positions, persistent=False)
+        width = opts.block_width(d_model)
+        self.blocks = nn.ModuleList(MixerBlock(width, context, opts) for _ in range(layers))
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         if opts.tie_weights:
             self.lm_head.weight = self.wte.weight
@@ -162,13 +174,20 @@ class MaskedMixer(nn.Module):
         return self.embed_linear(x) if self.embed_linear is not None else x
 
     def hidden_from_embeds(self, x: Tensor) -> Tensor:
-        t = x.shape[1]
+        b, t = x.shape[:2]
         if t > self.context:
             raise ValueError(f"sequence length {t} exceeds the mixer's context window {self.context}")
+        if self.positions is not None:
+            channel = self.positions[:t].to(x.dtype)[None, :, None].expand(b, t, 1)  # (B, T, 1)
+            x = torch.cat((x, channel), dim=-1)  # (B, T, D + 1)
         for i, block in enumerate(self.blocks):
-            if self.wpe is not None and (i == 0 or self.opts.positional == "every"):
+            if self.wpe is not None and (i == 0 or self.opts.positional == "learned_every"):
                 x = x + self.wpe.weight[:t]
             x = block(x)
+            if self.opts.positional == "every":
+                x = torch.cat((x[..., :-1], channel), dim=-1)  # the block's update of the channel is discarded
+        if self.positions is not None:
+            x = x[..., :-1]  # (B, T, D): the LM head reads the token channels
         return x  # the studies' mixer has no final norm
 
     def hidden_states(self, input_ids: Tensor) -> Tensor:
