@@ -89,18 +89,26 @@ def budget_fraction(kind: str, amount: float, seconds: float, steps: int, tokens
     return used / amount
 
 
-def lr_at(fraction: float, peak: float, schedule: str, warmup: float, cooldown: float = 0.2) -> float:
-    """Learning rate at a budget fraction: linear warm-up, then linear / cosine / wsd / constant to the end.
+def lr_at(position: float, peak: float, schedule: str, warmup: float, cooldown: float = 0.2,
+          ramp: float | None = None) -> float:
+    """Learning rate at a position along the schedule (0..1): linear warm-up, then linear / cosine / wsd / constant.
 
-    `wsd` (warmup-stable-decay) holds the peak and decays linearly to zero over the last
-    `cooldown` fraction, which is measured from remaining time, so a slow run still cools down.
+    The position is the budget fraction, or the fraction of the trial's `horizon` (steps, tokens, epochs); past
+    1 the schedule stays at its end (0 for linear and cosine). `warmup` is the warm-up's share of the schedule;
+    `ramp` (0..1), when given, is a warm-up counted in steps instead (step / warmup_steps), and `warmup` is then
+    where it ends on the position axis (0 if unknown). Linear with ramp = step / W and warmup = W / H is HF's
+    get_linear_schedule_with_warmup exactly: step / W, then (H - step) / (H - W).
+    `wsd` (warmup-stable-decay) holds the peak and decays linearly to zero over the last `cooldown` fraction.
     """
-    f = min(max(fraction, 0.0), 1.0)
-    if warmup > 0 and f < warmup:
+    f = min(max(position, 0.0), 1.0)
+    if ramp is not None:
+        if ramp < 1.0:
+            return peak * max(ramp, 0.0)
+    elif warmup > 0 and f < warmup:
         return peak * (f / warmup)
     if schedule == "constant":
         return peak
-    progress = (f - warmup) / max(1.0 - warmup, 1e-12)
+    progress = min(max((f - warmup) / max(1.0 - warmup, 1e-12), 0.0), 1.0)
     if schedule == "linear":
         return peak * (1.0 - progress)
     if schedule == "cosine":
@@ -109,6 +117,27 @@ def lr_at(fraction: float, peak: float, schedule: str, warmup: float, cooldown: 
         start = 1.0 - cooldown
         return peak if f < start else peak * (1.0 - (f - start) / cooldown)
     raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def schedule_lr(trial: Any, budget_fraction: float, step: int, tokens: int, samples: int, rows: int | None) -> float:
+    """A trial's learning rate now: its schedule over its horizon (else the budget), its warm-up in steps or as a
+    fraction."""
+    h = trial.horizon
+    if h is None:
+        position = budget_fraction
+    elif h.steps is not None:
+        position = step / h.steps
+    elif h.tokens is not None:
+        from ablate.spec import parse_count
+
+        position = tokens / parse_count(h.tokens)
+    else:
+        position = samples / (h.epochs * rows) if rows else budget_fraction
+    if trial.warmup_steps is None:
+        return lr_at(position, trial.lr, trial.schedule, trial.warmup)
+    ramp = step / trial.warmup_steps if trial.warmup_steps else 1.0
+    ends = trial.warmup_steps / h.steps if (h is not None and h.steps is not None) else 0.0
+    return lr_at(position, trial.lr, trial.schedule, min(ends, 0.999), ramp=ramp)
 
 
 def summarize_meters(clock: Clock) -> dict[str, Any]:

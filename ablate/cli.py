@@ -58,6 +58,8 @@ def _param_counts(trial: Any) -> tuple[int, int]:
         # two stacks sharing one embedding and head (untied: two vocab x d_model matrices; tied: one)
         ends = vocab * trial.d_model * (1 if trial.effective_options().get("tie_weights") else 2)
         total, inter = 2 * total - ends, 2 * inter
+        if trial.objective == "bidirectional" and trial.architecture == "mixer":  # one feed-forward per block
+            total -= trial.layers * fam.feed_forward_params(trial)
     return total, inter
 
 
@@ -69,7 +71,7 @@ def objective_label(objective: str, options: dict | None) -> str:
 
 @command("plan")
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ablate.spec import load_trials, reference_for
+    from ablate.spec import describe_recipe, load_trials, reference_for
 
     spec, trials = load_trials(args.spec, max_trials=args.max_trials)
     table = Table(title=f"sweep {spec.name}: {spec.description}".rstrip(": "), title_justify="left")
@@ -107,6 +109,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             per_class[key] = spec.budget.amount * search.n_trials
     else:
         console.print(f"{len(trials)} trials; budget per trial: {spec.budget.describe()}")
+    recipes = list(dict.fromkeys(describe_recipe(t) for t in trials))
+    for text in recipes[:5]:  # a grid over lr or betas has as many recipes as values; the first few say enough
+        console.print(f"recipe {spec.recipe}: {text}", highlight=False)
+    if len(recipes) > 5:
+        console.print(f"... and {len(recipes) - 5} more recipe variants")
     kind = spec.budget.kind
     for key, amount in per_class.items():
         if kind == "wall_clock":

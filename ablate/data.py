@@ -225,6 +225,8 @@ def train_eval_documents(ref: DatasetRef, cache: Path | None = None):
 def tokenizer_fingerprint(ref: TokenizerRef, dataset: DatasetRef) -> str:
     if ref.name is not None:
         return fingerprint({"name": ref.name})
+    if ref.trained_on is not None:  # exactly the tokenizer of a sweep on that corpus
+        return tokenizer_fingerprint(ref.model_copy(update={"trained_on": None}), ref.trained_on)
     return fingerprint({"tokenizer": ref.model_dump(mode="json"), "dataset": dataset.model_dump(mode="json")})
 
 
@@ -260,7 +262,7 @@ def get_tokenizer(ref: TokenizerRef, dataset: DatasetRef, root: Path, progress: 
     folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder) + ".lock"):
         if not target.exists():
-            train_docs, _ = train_eval_documents(dataset, cache=root)
+            train_docs, _ = train_eval_documents(ref.trained_on or dataset, cache=root)
             tok = _train_bpe(train_docs, ref, progress)
             tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp"))
             tok.save(str(tmp / "tokenizer.json"))

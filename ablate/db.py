@@ -84,6 +84,7 @@ class Run(Base):
     claimed_by: Mapped[str | None] = mapped_column(sa.String(200))  # host:pid:nonce of the process that trains it
     heartbeat_at: Mapped[dt.datetime | None]  # the claimant's last sign of life (UTC); stale: the run is owed again
     threads: Mapped[int | None]  # torch intra-op threads of the trainer (CPU share of this trial)
+    precision: Mapped[str | None] = mapped_column(sa.String(8))  # what ran: bf16, fp16 (with a scaler) or fp32
     # timings (seconds); train_seconds is the budget clock
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     started_at: Mapped[dt.datetime | None]
@@ -350,7 +351,7 @@ def _alembic_config(engine: sa.Engine):
     return cfg
 
 
-SCHEMA_HEAD = "0006"  # the newest migration (a test checks it against Alembic's head)
+SCHEMA_HEAD = "0007"  # the newest migration (a test checks it against Alembic's head)
 
 
 def stored_revision(engine: sa.Engine) -> str | None:

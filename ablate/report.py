@@ -33,6 +33,7 @@ class RunView:
     row: Any
     axes: dict[str, Any]
     reference: Reference | None
+    trial: TrialConfig | None = None
 
     def cell(self, key: str) -> Any:
         return self.axes.get(key)
@@ -84,7 +85,7 @@ def load_views(engine: sa.Engine, sweep: str) -> tuple[SweepSpec, list[RunView]]
         trial = TrialConfig.model_validate(r.config)
         matching = [ref for ref in spec.reference if ref.matches(trial)]
         ref = max(matching, key=lambda x: len(x.match)) if matching else None
-        views.append(RunView(row=r, axes=trial.axes(), reference=ref))
+        views.append(RunView(row=r, axes=trial.axes(), reference=ref, trial=trial))
     return spec, views
 
 
@@ -156,8 +157,40 @@ def _one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView]) -> Tab
         if spreads:
             notes.append(f"Noise floor: seed std of test loss up to {max(spreads):.3f}; "
                          "differences smaller than that are not wins.")
+    notes += run_notes([v for runs in columns.values() for v in runs])
     notes.append("Losses are token-weighted cross-entropy in nats (the studies averaged per-batch means).")
     return Table(title=title, columns=labels, rows=rows, runs=list(columns.values()), notes=notes)
+
+
+def run_notes(views: list[RunView]) -> list[str]:
+    """What a table's reader must know about how its runs were computed: non-causal training losses, and runs
+    whose device was not the sweep's hardware profile."""
+    notes = []
+    if any(v.axes.get("architecture") == "mod" for v in views):
+        from ablate.models.mod_options import TRAINING_NOTE
+
+        notes.append(f"Mixture-of-depths: {TRAINING_NOTE}.")
+    elsewhere = {}
+    for v in views:
+        hw = (v.row.notes or {}).get("hardware") if isinstance(v.row.notes, dict) else None
+        if hw and hw.get("mismatch"):
+            elsewhere.setdefault((hw.get("profile"), hw.get("device"), hw.get("memory_cap_mb")), []).append(v.row.id)
+    for (profile, device, cap), ids in elsewhere.items():
+        capped = f", memory capped at {cap / 1024:g} GB" if cap else ""
+        notes.append(f"Hardware: run(s) {', '.join(map(str, ids[:10]))}{' …' if len(ids) > 10 else ''} ran on "
+                     f"{device}, not the sweep's {profile}{capped}; speeds and wall-clock budgets differ from the study.")
+    return notes
+
+
+def recipe_lines(views: list[RunView]) -> list[str]:
+    """The optimisation recipe(s) the runs used, with the precision each actually trained in."""
+    from ablate.spec import describe_recipe
+
+    found: dict[str, set[str]] = {}
+    for v in views:
+        if v.trial is not None:
+            found.setdefault(describe_recipe(v.trial), set()).add(getattr(v.row, "precision", None) or "not yet run")
+    return [f"Recipe: {text} (ran in {', '.join(sorted(ran))})" for text, ran in found.items()]
 
 
 def _sort_key(value: Any) -> tuple:
@@ -473,6 +506,7 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
                 figures += _save_figure(draw_curves(engine, t, spec.report.curves, plan), stem, formats, embedded)
     files = figures + points_files
     summary = _summary(views)
+    recipe = recipe_lines(views)
     orderings = check_orderings(spec, views)
     samples, sampleable = (_samples(views, spec.report.prompt, url, artifacts) if spec.report.prompt
                            and "samples" not in skip else ([], 0))
@@ -480,6 +514,7 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
                if len(samples) < sampleable else "")
     if "md" in formats:
         md = [f"# {spec.name}", "", spec.description, "", summary, ""]
+        md += [f"{line}  " for line in recipe] + ([""] if recipe else [])
         md += [f"**Against the study.** {line}\n" for line in orderings]
         drawn = set(figures)
         for t, fig_index in zip(tables, range(len(tables))):
@@ -495,6 +530,7 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
         files.append(out / "report.md")
     if "html" in formats:
         parts = [f"<h1>{html.escape(spec.name)}</h1><p>{html.escape(spec.description)}</p><p>{html.escape(summary)}</p>"]
+        parts += [f"<p>{html.escape(line)}</p>" for line in recipe]
         parts += [f"<p><b>Against the study.</b> {html.escape(line)}</p>" for line in orderings]
         for i, t in enumerate(tables):
             parts.append(t.html())

@@ -235,9 +235,11 @@ def _standardize(emb: Tensor, rows: Tensor) -> Tensor:
 def train_retrieval(summary_emb: Tensor, text_emb: Tensor, candidates: int = 32, steps: int | None = 1000,
                     seconds: float | None = None, lr: float = 1e-3, seed: int = 0, eval_fraction: float = 0.2,
                     batch_size: int = 64, d_model: int = 128, layers: int = 2, eval_rounds: int = 8,
-                    progress: bool = False) -> dict[str, float]:
+                    progress: bool = False, standardize: bool = True) -> dict[str, float]:
     """Train a retrieval mixer on (summary, text) embedding pairs (row i matches row i); held-out pairs
-    are never seen in training, not even as negatives. Deterministic for a seed (on one device)."""
+    are never seen in training, not even as negatives. Deterministic for a seed (on one device).
+    `standardize`: per-feature z-scores of the embeddings first (not the study's method, and it changes the
+    published transformer failure: off in the sweeps that reproduce those tables)."""
     if steps is None and seconds is None:
         raise AblateError("train_retrieval: give steps or seconds")
     n = len(summary_emb)
@@ -248,7 +250,9 @@ def train_retrieval(summary_emb: Tensor, text_emb: Tensor, candidates: int = 32,
     if min(len(held_out), len(train_pool)) < candidates:
         raise AblateError(f"train_retrieval: {len(train_pool)} train / {len(held_out)} held-out pairs, fewer than "
                           f"candidates={candidates}; use more pairs or fewer candidates")
-    summaries, texts = _standardize(summary_emb.float(), train_pool), _standardize(text_emb.float(), train_pool)
+    summaries, texts = summary_emb.float(), text_emb.float()
+    if standardize:
+        summaries, texts = _standardize(summaries, train_pool), _standardize(texts, train_pool)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = RetrievalMixer(summaries.shape[-1], candidates, d_model, layers)
@@ -297,7 +301,8 @@ def info_nce_loss(query_emb: Tensor, match_emb: Tensor, negative_embs: Tensor) -
 
 def retrieval_study(run_ids: Sequence[int], db_url: str | None, pairs: Any, candidates: Sequence[int] = (32, 128),
                     steps: int | None = 1000, seconds: float | None = None, lr: float = 1e-3, seed: int = 0,
-                    index: int = -2, progress: bool = True, artifacts: str | Path | None = None):
+                    index: int = -2, progress: bool = True, artifacts: str | Path | None = None,
+                    standardize: bool = True):
     """For each run: embed the pairs with its checkpoint (inside `artifacts`) and train one retrieval model per c."""
     import pandas as pd
 
@@ -316,7 +321,8 @@ def retrieval_study(run_ids: Sequence[int], db_url: str | None, pairs: Any, cand
         summary_emb = embed_texts(model, tokenizer, summaries, trial.context, index, progress=progress)
         text_emb = embed_texts(model, tokenizer, texts, trial.context, index, progress=progress)
         for c in candidates:
-            out = train_retrieval(summary_emb, text_emb, c, steps, seconds, lr, seed, progress=progress)
+            out = train_retrieval(summary_emb, text_emb, c, steps, seconds, lr, seed, progress=progress,
+                                  standardize=standardize)
             rows.append({"run_id": run_id, "architecture": trial.architecture, "d_model": trial.d_model,
                          "layers": trial.layers, "heads": trial.heads, "c": c, "eval_loss": out["eval_loss"],
                          "accuracy": out["accuracy"], "chance_loss": out["chance_loss"],
@@ -370,7 +376,8 @@ def run_stage(name: str, db_url: str | None = None, out: Path | None = None, *, 
     if not runs:
         raise AblateError(f"sweep {name!r} has no completed runs to embed with yet (ablate sweep status {name})")
     table = retrieval_study(runs, db_url, stage_pairs(plan), candidates or plan.candidates, steps or plan.steps,
-                            lr=plan.lr, index=plan.index, progress=progress, artifacts=artifacts)
+                            lr=plan.lr, index=plan.index, progress=progress, artifacts=artifacts,
+                            standardize=plan.standardize)
     with engine.begin() as conn:
         conn.execute(sa.delete(db.Metric).where(db.Metric.run_id.in_(runs), db.Metric.split == RETRIEVAL_SPLIT))
         conn.execute(sa.insert(db.Metric), [
@@ -398,7 +405,8 @@ def stage_markdown(name: str, table: Any, plan: Any) -> str:
     cs = sorted(set(table.c))
     lines = [f"# Retrieval: {name}", "",
              f"Held-out cross-entropy over c candidates (chance = ln c), ours (published); embedding token "
-             f"{plan.index}; {plan.steps} retrieval steps per cell.", "",
+             f"{plan.index}; {plan.steps} retrieval steps per cell; embeddings "
+             f"{'standardized per feature (not the study method)' if plan.standardize else 'as the model gave them (the study method)'}.", "",
              "| run | model | " + " | ".join(f"c={c}" for c in cs) + " |", "| --- | --- |" + " --- |" * len(cs)]
     for run_id, rows in table.groupby("run_id", sort=True):
         first = rows.iloc[0]

@@ -37,7 +37,8 @@ from pydantic import ValidationError
 from ablate import budget as bud
 from ablate import db, runner
 from ablate.errors import AblateError, SpecError, did_you_mean
-from ablate.spec import GRID_FIELDS, SWEEP_LEVEL_FIELDS, SearchBlock, SearchParam, SweepSpec, TrialConfig, load_spec
+from ablate.spec import (GRID_FIELDS, SWEEP_LEVEL_FIELDS, SearchBlock, SearchParam, SweepSpec, TrialConfig, load_spec,
+                         with_recipe)
 
 HEARTBEAT_SECONDS = 30  # a running trial's worker records a heartbeat this often
 GRACE_SECONDS = 180  # a RUNNING trial without a heartbeat for this long belongs to a dead worker
@@ -249,7 +250,8 @@ def suggest_trial(trial: optuna.Trial, spec: SweepSpec) -> TrialConfig:
         else:
             values[name] = value
     try:
-        return TrialConfig(**values, options=options, **{k: getattr(spec, k) for k in SWEEP_LEVEL_FIELDS})
+        return TrialConfig(**with_recipe(spec.recipe, {**values, "options": options}),
+                           **{k: getattr(spec, k) for k in SWEEP_LEVEL_FIELDS})
     except ValidationError as exc:
         problems = [f"{'.'.join(str(p) for p in e['loc']) or 'trial'}: {e['msg'].removeprefix('Value error, ')}"
                     for e in exc.errors()]

@@ -15,10 +15,10 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+                      field_validator, model_serializer, model_validator)
 
 from ablate import models
 from ablate.errors import SpecError, did_you_mean, one_of, show
@@ -32,7 +32,21 @@ OBJECTIVE_ARCHITECTURES: dict[str, tuple[str, ...] | None] = {
     "bidirectional": ("mixer", "llama"), "autoencoder": ("mixer", "llama"), "one_step": ("mixer", "llama"),
 }
 # GPU classes the studies ran on; any other name is a Prefect work pool of the user's.
-HARDWARE_MEMORY_GB: dict[str, float] = {"cpu": 0, "rtx3060": 12, "v100": 16, "a100": 80, "h100": 80, "h200": 141}
+class HardwareProfile(NamedTuple):
+    memory_gb: float  # enforced as a memory cap on a larger GPU, so the study's out-of-memory cells reproduce
+    bf16: bool  # whether `precision: auto` may pick bf16 (V100s have no bf16 tensor cores: fp16 with a scaler)
+    device: str  # how torch names such a device (a substring of torch.cuda.get_device_name)
+
+
+HARDWARE_PROFILES: dict[str, HardwareProfile] = {
+    "cpu": HardwareProfile(0, False, "cpu"),
+    "rtx3060": HardwareProfile(12, True, "3060"),
+    "v100": HardwareProfile(16, False, "V100"),  # the studies' 4x V100 node: 16 GB each
+    "a100": HardwareProfile(80, True, "A100"),
+    "h100": HardwareProfile(80, True, "H100"),
+    "h200": HardwareProfile(141, True, "H200"),
+}
+HARDWARE_MEMORY_GB: dict[str, float] = {name: p.memory_gb for name, p in HARDWARE_PROFILES.items()}
 
 
 class Frozen(BaseModel):
@@ -219,12 +233,24 @@ class TokenizerRef(Frozen):
     vocab_size: Whole | None = Field(4096, gt=0)
     name: str | None = None
     train_documents: Whole | None = Field(None, gt=0)
+    # train on another corpus than the sweep's (finemath-context reuses the FineWeb tokenizer, as the study did):
+    # the same tokenizer, from the same cache, as a sweep whose dataset is this one
+    trained_on: DatasetRef | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> TokenizerRef:
         if self.name is not None and self.vocab_size not in (None, 4096):
             raise ValueError("give tokenizer.name (load) or tokenizer.vocab_size (train), not both")
+        if self.name is not None and self.trained_on is not None:
+            raise ValueError("give tokenizer.name (load) or tokenizer.trained_on (train on that corpus), not both")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset_corpus(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("trained_on") is None:  # tokenizers trained on the sweep's own corpus keep their identity
+            data.pop("trained_on", None)
+        return data
 
 
 class EvalPlan(Frozen):
@@ -245,6 +271,8 @@ class EvalPlan(Frozen):
 
 class MultiTokenOptions(Frozen):
     n_tokens: Whole = Field(2, ge=2, le=16, description="tokens ahead, one chained pass each")
+    loss: Literal["mean", "sum"] = Field("mean", description="mean: token-weighted mean over all passes (comparable "
+                                         "across n); sum: the study's sum of the passes' mean losses (n times larger)")
 
 
 class OneStepOptions(Frozen):
@@ -260,6 +288,70 @@ OBJECTIVE_OPTIONS: dict[str, type[Frozen]] = {
     "clm": NoOptions, "bidirectional": NoOptions, "autoencoder": NoOptions,
     "multi_token": MultiTokenOptions, "one_step": OneStepOptions,
 }
+
+
+class Horizon(Frozen):
+    """How long the learning-rate schedule runs, independent of the budget: exactly one of steps, tokens, epochs.
+
+    The studies' HF Trainer decayed linearly to 0 over the planned steps or epochs, and a wall clock (or a
+    human) stopped the run wherever it was; without a horizon the schedule ends exactly at the budget."""
+
+    steps: Int32 | None = Field(None, gt=0)
+    tokens: int | str | None = None
+    epochs: Real | None = Field(None, gt=0)
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _count(cls, value: Any) -> Any:
+        if value is not None:
+            if isinstance(value, bool):
+                raise ValueError("must be a token count such as 2B, not a boolean")
+            parse_count(value)
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Horizon:
+        given = [k for k in ("steps", "tokens", "epochs") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of steps, tokens, epochs (got {given or 'none'}); e.g. horizon: {{steps: 200000}}")
+        return self
+
+    def describe(self) -> str:
+        kind = next(k for k in ("steps", "tokens", "epochs") if getattr(self, k) is not None)
+        return f"{getattr(self, kind)} {kind}"
+
+
+def _betas(value: tuple[float, float]) -> tuple[float, float]:
+    if not all(0 <= b < 1 for b in value):
+        raise ValueError(f"AdamW betas must each be in [0, 1), e.g. [0.9, 0.999] (got {list(value)})")
+    return value
+
+
+# The studies' recipe (HF Trainer defaults in the authors' code, STUDIES.md "Facts from the authors' public code"):
+# fp16 with a loss scaler, AdamW betas (0.9, 0.999), 500 warm-up steps, then linear decay (over the sweep's
+# `horizon` where the study planned one), no torch.compile. "modern" is the project's own: precision by hardware,
+# betas (0.9, 0.95), warm-up 2% of the budget, a schedule ending exactly at the budget, compile on GPU.
+RECIPES: dict[str, dict[str, Any]] = {
+    "modern": {},
+    "studies": {"precision": "fp16", "betas": (0.9, 0.999), "warmup_steps": 500, "schedule": "linear", "compile": False},
+}
+# one setting each: a sweep that gives one of a pair overrides the recipe's other
+_EXCLUSIVE = {"warmup": "warmup_steps", "warmup_steps": "warmup"}
+
+
+def with_recipe(recipe: str, values: dict[str, Any]) -> dict[str, Any]:
+    """A trial's fields: the recipe's values under the sweep's own (defaults, grid, search)."""
+    base = {k: v for k, v in RECIPES[recipe].items() if not any(_EXCLUSIVE.get(u) == k for u in values)}
+    return {**base, **values}
+
+
+def describe_recipe(trial: TrialConfig) -> str:
+    """The optimisation recipe a trial runs, in one line (plan and report headers print it)."""
+    warm = f"{trial.warmup_steps} warm-up steps" if trial.warmup_steps is not None else f"warm-up {trial.warmup:.0%}"
+    horizon = f"over {trial.horizon.describe()}" if trial.horizon else "ending at the budget"
+    b1, b2 = trial.betas
+    return (f"precision {trial.precision}, AdamW betas ({b1:g}, {b2:g}), weight decay {trial.weight_decay:g}, {warm}, "
+            f"{trial.schedule} schedule {horizon}, compile {'auto' if trial.compile is None else trial.compile}")
 
 
 class TrialConfig(Frozen):
@@ -278,9 +370,14 @@ class TrialConfig(Frozen):
     batch_size: Int32 = Field(gt=0)
     grad_accum: Int32 = Field(1, gt=0)
     weight_decay: Real = Field(0.0, ge=0)
-    warmup: Real = Field(0.02, ge=0, lt=1)  # fraction of budget
+    warmup: Real = Field(0.02, ge=0, lt=1)  # fraction of the schedule (the horizon, else the budget)
+    warmup_steps: Int32 | None = Field(None, ge=0)  # warm-up in optimizer steps; when set, `warmup` is unused
     schedule: Literal["linear", "cosine", "wsd", "constant"] = "linear"
-    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    horizon: Horizon | None = None  # the schedule's length; None: it ends at the budget
+    betas: Annotated[tuple[Real, Real], AfterValidator(_betas)] = (0.9, 0.95)  # AdamW
+    # auto: the hardware profile's (v100: fp16 with a scaler), else bf16 where the GPU has it, fp16 on other GPUs,
+    # fp32 on CPU; what ran is recorded on the run row (runs.precision)
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     compile: bool | None = None  # None: on for GPU, off on CPU
     seed: Int32 = Field(0, ge=0)
     mode: Literal["train", "memory_probe"] = "train"
@@ -374,10 +471,14 @@ SWEEP_LEVEL_FIELDS = ("dataset", "tokenizer", "budget", "eval")
 GRID_FIELDS = tuple(f for f in TrialConfig.model_fields if f not in SWEEP_LEVEL_FIELDS)
 
 
+# fields added after runs were recorded, at the value every earlier trial had: left out of the fingerprint there,
+# so that those trials keep their identity
+_LEGACY_DEFAULTS: dict[str, Any] = {"objective_options": {}, "betas": [0.9, 0.95], "warmup_steps": None, "horizon": None}
+
+
 def trial_fingerprint(config: dict[str, Any]) -> str:
     """A trial's identity from its JSON dump (`model_dump(mode="json")`), for callers that already hold it."""
-    if not config["objective_options"]:  # trials from before objective options keep their identity
-        config = {k: v for k, v in config.items() if k != "objective_options"}
+    config = {k: v for k, v in config.items() if k not in _LEGACY_DEFAULTS or v != _LEGACY_DEFAULTS[k]}
     return fingerprint(config)
 
 
@@ -508,6 +609,8 @@ class RetrievalPlan(Frozen):
     index: Whole = Field(-2, description="token whose last hidden state embeds a text: -2 second-to-last, -1 last")
     steps: Whole = Field(1000, gt=0, description="retrieval-model training steps per run and c")
     lr: Real = Field(1e-3, gt=0, le=1)
+    standardize: bool = Field(True, description="z-score embeddings per feature before the retrieval model (not the "
+                              "study's method: it changes the published transformer failure at c=1024)")
     reference: list[RetrievalReference] = Field(default_factory=list)
 
     @field_validator("candidates")
@@ -528,6 +631,7 @@ class RetrievalPlan(Frozen):
 class SweepSpec(Frozen):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
     description: str = ""
+    recipe: Literal["modern", "studies"] = "modern"  # defaults of optimisation fields under the sweep's own (RECIPES)
     dataset: DatasetRef
     tokenizer: TokenizerRef = TokenizerRef()
     budget: Budget
@@ -543,8 +647,12 @@ class SweepSpec(Frozen):
         data = self.model_dump(mode="json")
         if data["retrieval"] is None:  # sweeps without a retrieval stage keep their identity
             del data["retrieval"]
+        elif data["retrieval"]["standardize"]:  # as do those whose stage standardizes, as every one did before
+            del data["retrieval"]["standardize"]
         if not data["report"]["orderings"]:  # as do sweeps that check no published ordering
             del data["report"]["orderings"]
+        if data["recipe"] == "modern":  # and sweeps on the project's own recipe
+            del data["recipe"]
         return fingerprint(data)
 
 
@@ -688,6 +796,9 @@ def _check_blocks(spec: SweepSpec) -> list[str]:
                 problems.append(f"{where}.options: must be a mapping of option: value (got {_show(value)})")
         if where == "defaults":
             continue
+        given = set(spec.defaults) | set(block) | set(block.get("zip") or {})
+        if {"warmup", "warmup_steps"} <= given:
+            problems.append(f"{where}: give warmup (a fraction of the schedule) or warmup_steps, not both")
         for key, values in _axes_of(block) if isinstance(block.get("options", {}), dict) else ():
             if values == []:
                 problems.append(f"{where}.{key}: an empty list expands to 0 trials; give at least one value, "
@@ -781,6 +892,8 @@ def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_T
                         values["seed"] = seed
                     values["options"] = options
                     origin = {k: f"grid[{i}].{k}" if (k in block or k in zipped) else f"defaults.{k}" for k in values}
+                    values = with_recipe(spec.recipe, values)
+                    origin.update({k: f"recipe {spec.recipe}: {k}" for k in values if k not in origin})
                     try:
                         trial = TrialConfig(**values, **sweep_level)
                     except ValidationError as exc:

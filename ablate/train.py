@@ -9,6 +9,7 @@ from its last checkpoint and continues the same trajectory; metrics are never du
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -32,7 +33,7 @@ from ablate.runstate import (
     Batches, Dist, Progress, Recorder, Settings, check_memory, is_oom, load_checkpoint, peak_memory_mb, rng_state,
     run_dir, save_checkpoint, set_rng_state,
 )
-from ablate.spec import TrialConfig
+from ablate.spec import HARDWARE_PROFILES, TrialConfig
 
 
 # ---------------------------------------------------------------- the loop
@@ -60,6 +61,10 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     if settings.threads:
         torch.set_num_threads(settings.threads)  # this trial's share of the host's cores: no oversubscription
     device = _device(settings, dist_)
+    hardware = hardware_check(trial, device)  # the profile's memory as a cap on a larger GPU, and any mismatch
+    if settings.memory_cap_mb is None and hardware.get("memory_cap_mb"):
+        settings = dataclasses.replace(settings, memory_cap_mb=hardware["memory_cap_mb"])
+    precision = resolve_precision(trial, device)
     recorder = Recorder(settings, dist_.is_main)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -73,8 +78,9 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     random.seed(trial.seed)
     np.random.seed(trial.seed)
 
+    recorder.update(precision=precision)
     if trial.mode == "memory_probe":
-        return memory_probe(trial, settings, device, recorder, device_name)
+        return memory_probe(trial, settings, device, recorder, device_name, precision, hardware)
 
     prepared = data_mod.prepare(trial.dataset, trial.tokenizer, trial.context, settings.artifacts,
                                 progress=settings.progress and dist_.is_main)
@@ -88,19 +94,21 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     param_passes, mixing_stacks = objectives.passes(trial)  # multi-token runs the model n times; two-stack objectives
     flops_per_token = param_passes * bud.train_flops_per_token(
         params - embedding, mixing_stacks / param_passes * fam.mixing_flops_per_token(trial))
-    loss_fn = objectives.loss_function(trial)
     count_targets = objectives.target_counter(trial)
 
     optimizer = make_optimizer(model, trial, device)
-    scaler = torch.amp.GradScaler(device.type) if trial.precision == "fp16" else None
-    wrapped: torch.nn.Module = model
+    scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+    # DDP and compile wrap the model together with its loss: every objective's forward goes through them
+    wrapped: torch.nn.Module = objectives.Objective(trial, model)
     if dist_.world > 1:
-        wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        wrapped = torch.nn.parallel.DistributedDataParallel(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
     use_compile = trial.compile if trial.compile is not None else device.type == "cuda"
     if use_compile:
         wrapped = torch.compile(wrapped)
 
     progress = Progress(micro_batch=trial.batch_size, grad_accum=trial.grad_accum)
+    if hardware.get("mismatch"):
+        progress.notes["hardware"] = hardware
     ckpt_path = run_dir(settings, trial) / "checkpoint.pt"
     identity = {"db_id": settings.db_id, "run_id": settings.run_id, "fingerprint": trial.fingerprint()}
     resumed = False
@@ -158,9 +166,11 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
         for k, (ids, labels) in enumerate(micro):
             is_last = k == len(micro) - 1
             ctx = wrapped.no_sync() if (dist_.world > 1 and not is_last and hasattr(wrapped, "no_sync")) else _null()
-            with ctx, _autocast(device, trial.precision):
-                s, c = loss_fn(wrapped, ids, labels)
-            loss = s / host_targets  # token-weighted over the whole step, not a mean of micro-batch means
+            with ctx, _autocast(device, precision):
+                s, c, aux = wrapped(ids, labels)
+            # token-weighted over the whole step, not a mean of micro-batch means; a model's own losses (router
+            # losses) count once per step; both go through the scaler
+            loss = s / host_targets + aux / len(micro)
             (scaler.scale(loss) if scaler is not None else loss).backward()
             loss_sum += s.detach().float()
             count += c.detach().float()
@@ -263,7 +273,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
             # ---- intermediate evals at budget fractions (clock paused)
             if progress.next_eval < len(trial.eval.at) and f >= trial.eval.at[progress.next_eval]:
                 with clock.paused("eval"):
-                    ev = evaluate(wrapped, prepared.eval, trial, device, dist_, loss_fn, trial.eval.batches)
+                    ev = evaluate(wrapped, prepared.eval, trial, device, dist_, trial.eval.batches, precision)
                     recorder.log(step=progress.step, split="eval", elapsed_seconds=clock.elapsed(),
                                  tokens=progress.tokens, loss=ev, lr=None)
                     recorder.flush()
@@ -275,7 +285,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
                                 (interval_sum, interval_count), identity)
                 last_ckpt_wall = time.monotonic()
             # ---- one training step
-            lr = bud.lr_at(f, trial.lr, trial.schedule, trial.warmup)
+            lr = bud.schedule_lr(trial, f, progress.step, progress.tokens, progress.samples, progress.rows)
             try:
                 s, c, n_samples, n_tokens = one_step(lr)
                 check_memory(device, settings.memory_cap_mb)
@@ -314,7 +324,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
         return _finalize(recorder, status, error, progress, clock, device, params, flops_per_token, device_name, None, None)
 
     with clock.paused("eval"):
-        final_eval = evaluate(wrapped, prepared.eval, trial, device, dist_, loss_fn, None)
+        final_eval = evaluate(wrapped, prepared.eval, trial, device, dist_, None, precision)
     recorder.log(step=progress.step, split="eval", elapsed_seconds=clock.elapsed(), tokens=progress.tokens,
                  loss=final_eval, lr=None)
     final_train = _final_train_loss(progress.intervals)
@@ -330,13 +340,46 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
                      final_train, final_eval)
 
 
+def resolve_precision(trial: TrialConfig, device: torch.device) -> str:
+    """What `precision: auto` means here: the hardware profile's (bf16 only where it has bf16, so a v100 sweep
+    trains in fp16 with a loss scaler even on a newer GPU), else bf16 where this GPU supports it, else fp16;
+    fp32 on CPU. An explicit precision is kept as asked."""
+    if trial.precision != "auto":
+        return trial.precision
+    if device.type != "cuda":
+        return "fp32"
+    profile = HARDWARE_PROFILES.get(trial.budget.hardware)
+    if profile is not None and not profile.bf16:
+        return "fp16"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
+def hardware_check(trial: TrialConfig, device: torch.device) -> dict[str, Any]:
+    """The sweep's hardware profile against this device: {profile, device, mismatch, memory_cap_mb}.
+
+    On a GPU larger than the profile's, its memory becomes the run's cap, so the study's out-of-memory cells
+    reproduce; a device that is not the profile's is a mismatch (recorded in the run's notes, printed by
+    reports). Unknown hardware names (a user's own work pool) have no profile: nothing is checked."""
+    profile = HARDWARE_PROFILES.get(trial.budget.hardware)
+    if profile is None:
+        return {}
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    out: dict[str, Any] = {"profile": trial.budget.hardware, "device": name,
+                           "mismatch": profile.device.lower() not in name.lower()}
+    if device.type == "cuda" and profile.memory_gb:
+        total_mb = torch.cuda.get_device_properties(device).total_memory / 2**20
+        if total_mb > profile.memory_gb * 1024:
+            out["memory_cap_mb"] = profile.memory_gb * 1024
+    return out
+
+
 def make_optimizer(model: torch.nn.Module, trial: TrialConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on norms, biases or other vectors); fused on CUDA."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": trial.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=trial.lr, betas=(0.9, 0.95), fused=device.type == "cuda",
+        lr=trial.lr, betas=tuple(trial.betas), fused=device.type == "cuda",
     )
 
 
@@ -402,10 +445,11 @@ def _checkpoint(path: Path, model: Any, optimizer: Any, scaler: Any, progress: P
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, rows: Any, trial: TrialConfig, device: torch.device, dist_: Dist,
-             loss_fn: Any, max_batches: int | None) -> float:
-    """Token-weighted mean loss over the eval split (sharded across ranks), in nats."""
-    model.eval()
+def evaluate(objective: torch.nn.Module, rows: Any, trial: TrialConfig, device: torch.device, dist_: Dist,
+             max_batches: int | None, precision: str) -> float:
+    """Token-weighted mean loss over the eval split (sharded across ranks), in nats, of the (wrapped) Objective
+    in eval mode: every model's eval-mode forward is causal (tests/test_causality.py)."""
+    objective.eval()
     total = torch.zeros(2, device=device, dtype=torch.float64)
     n = len(rows)
     order = np.arange(n)
@@ -415,13 +459,13 @@ def evaluate(model: torch.nn.Module, rows: Any, trial: TrialConfig, device: torc
         shards = shards[: max_batches * dist_.world]
     for idx in shards[dist_.rank:: dist_.world]:
         ids, labels = rows.batch(idx)
-        with _autocast(device, trial.precision):
-            s, c = loss_fn(model, ids.to(device), labels.to(device))
+        with _autocast(device, precision):
+            s, c, _ = objective(ids.to(device), labels.to(device))
         total[0] += s.double()
         total[1] += c.double()
     if dist_.world > 1:
         dist.all_reduce(total)
-    model.train()
+    objective.train()
     s, c = total.tolist()
     return s / c if c else float("nan")
 
@@ -460,11 +504,13 @@ def _finalize(recorder: Recorder, status: str, error: str | None, progress: Prog
 
 
 def memory_probe(trial: TrialConfig, settings: Settings, device: torch.device, recorder: Recorder,
-                 device_name: str) -> dict[str, Any]:
+                 device_name: str, precision: str, hardware: dict[str, Any]) -> dict[str, Any]:
     """One unbatched forward+backward without the LM head; peak memory is the result (OOM is a cell value)."""
     vocab = trial.tokenizer.vocab_size or 4096
     clock = bud.Clock()
     progress = Progress()
+    if hardware.get("mismatch"):
+        progress.notes["hardware"] = hardware
     try:
         model = models.build(trial, vocab).to(device)
         params = sum(p.numel() for p in model.parameters())
@@ -472,7 +518,7 @@ def memory_probe(trial: TrialConfig, settings: Settings, device: torch.device, r
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         ids = torch.randint(0, vocab, (1, trial.context), device=device)
-        with _autocast(device, trial.precision):
+        with _autocast(device, precision):
             hidden = model.hidden_states(ids)
         hidden.float().sum().backward()
         check_memory(device, settings.memory_cap_mb)

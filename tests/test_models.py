@@ -57,9 +57,7 @@ CASES = [
     Case("metaformer", {"token_mixer": "identity"}),
     Case("mod"),
     Case("mod", {"every": 1, "capacity": 0.5, "intermediate": 48, "tie_weights": True}, {"kv_heads": 2}),
-    Case("mod", {"router": "softmax"}, is_causal=False),  # the blog's router: softmax over the sequence
-    Case("mod", {"inference_router": "topk", "capacity": 0.5}, is_causal=False),  # top-k at inference
-]
+]  # mod's softmax router and top-k inference are refused as non-causal (tests/test_causality.py)
 
 
 def make_trial(case: Case) -> TrialConfig:
@@ -161,7 +159,9 @@ def test_shorter_sequence_is_a_prefix(case):
 def test_gradients_reach_every_parameter_and_skip_masked_entries(case):
     model = make_model(case).train()
     logits = model(tokens())
-    F.cross_entropy(logits.reshape(-1, VOCAB), tokens(seed=9).reshape(-1)).backward()  # every position
+    loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens(seed=9).reshape(-1))  # every position
+    aux = model.auxiliary_loss() if hasattr(model, "auxiliary_loss") else None  # as the trainer adds it
+    (loss if aux is None else loss + aux).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, f"{name} received no gradient"
     for mixing in sequence_mixings(model):
@@ -227,10 +227,9 @@ def test_mixer_kernel_matches_the_studies_conv1d(kernel):
     torch.testing.assert_close(mixing(x[:, None])[:, 0], expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("router", ["sigmoid", "softmax"])
-def test_mod_gathered_and_masked_paths_agree(router):
+def test_mod_gathered_and_masked_paths_agree():
     """The training path (gather the top-k, RoPE at original positions) equals the masked full-sequence path."""
-    model = make_model(Case("mod", {"router": router, "capacity": 0.25})).eval()
+    model = make_model(Case("mod", {"capacity": 0.25})).eval()
     layer = routed_layers(model)[0]
     x = torch.randn(BATCH, CONTEXT, 32)
     scores = layer.router(x)[..., 0]
@@ -240,15 +239,38 @@ def test_mod_gathered_and_masked_paths_agree(router):
         torch.testing.assert_close(layer._through_gathered(x, scores, index), layer._through_masked(x, scores, selected))
 
 
-def test_mod_trains_with_top_k_and_trains_its_aux_router():
-    case = Case("mod", {"capacity": 0.25})
-    model = make_model(case).train()
+def test_mod_trains_with_top_k_and_hands_its_aux_loss_to_the_trainer():
+    model = make_model(Case("mod", {"capacity": 0.25, "every": 1})).train()
     logits = model(tokens())
     for layer in routed_layers(model):
         assert torch.all(layer.last_selected.sum(dim=1) == math.ceil(0.25 * CONTEXT))
-        assert layer.last_aux_loss is not None
-    logits.sum().backward()
-    assert all(p.grad.abs().sum() > 0 for layer in routed_layers(model) for p in layer.aux_router.parameters())
+    aux = model.auxiliary_loss()
+    assert aux.requires_grad and aux.item() > 0
+    assert model.auxiliary_loss() is None, "collecting the aux loss clears it"
+    logits.sum().backward()  # the main loss alone does not reach the aux router: the trainer must add aux
+    assert all(p.grad is None for layer in routed_layers(model) for p in layer.aux_router.parameters())
+    with torch.no_grad():
+        model(tokens())
+    assert model.auxiliary_loss() is None, "no aux loss without grad"
+    model.eval()(tokens())
+    assert model.auxiliary_loss() is None, "no aux loss in eval mode"
+
+
+def _aux_router_grads(model, scale: float) -> list[torch.Tensor]:
+    """Aux-router gradients of scale * (loss + model.auxiliary_loss()), as a GradScaler backpropagates them."""
+    model.zero_grad()
+    total, count = causal_lm_loss(model(tokens()), tokens())
+    (scale * (total / count + model.auxiliary_loss())).backward()
+    return [p.grad.clone() for layer in routed_layers(model) for p in layer.aux_router.parameters()]
+
+
+def test_mod_aux_loss_gradient_scales_with_the_loss_scale():
+    """An fp16 GradScaler multiplies the loss by its scale and divides gradients by it: the aux loss must scale too."""
+    model = make_model(Case("mod", {"capacity": 0.25})).train()
+    plain, scaled = _aux_router_grads(model, 1.0), _aux_router_grads(model, 65536.0)
+    assert all(g.abs().sum() > 0 for g in plain)
+    for g, s in zip(plain, scaled):
+        torch.testing.assert_close(s / 65536.0, g)
 
 
 @pytest.mark.parametrize("architecture", ["llama", "gpt", "hybrid", "mod"])

@@ -7,18 +7,18 @@ output delta is scaled by the router weight:  x_i <- x_i + w_i * (block(x_S)_i -
 
 Causality, honestly stated:
 - Top-k over the sequence is itself non-causal in training: whether token t is selected depends on
-  the scores of later tokens. This is how MoD trains; train-mode outputs are not causal.
-- `router: sigmoid` (default) weights each token by its own score; `router: softmax` (the blog's)
-  normalises the selected scores over the sequence and leaks the future even at inference.
-- At inference (`model.eval()` with `inference_router: aux`, the default) a small auxiliary router
-  (d -> d/2 -> 1, SiLU), trained with BCE on the top-k selection from detached inputs, decides per
-  token (probability > 0.5), so eval-mode forward is causal with the sigmoid router. Selected tokens
-  then attend only to earlier selected tokens, exactly as in the gathered subsequence.
-  `inference_router: topk` keeps training-time routing in eval (matches train loss, not causal).
+  the scores of later tokens. This is how MoD trains; train-mode outputs (and the train loss) are not
+  causal (mod_options.TRAINING_NOTE).
+- In eval mode a small auxiliary router (d -> d/2 -> 1, SiLU), trained with BCE on the top-k selection
+  from detached inputs, decides per token (probability > 0.5), and the router weight is the sigmoid of
+  the token's own score, so eval-mode forward (eval loss, samples, embeddings) is causal. Selected
+  tokens then attend only to earlier selected tokens, exactly as in the gathered subsequence.
+- The blog's softmax router and top-k selection in eval have no causal evaluation: the options list
+  them, and a spec that asks for them is refused with the reason (Options.non_causal_reason).
 
-The auxiliary loss reaches the aux router without the trainer knowing about it: its gradient is added
-in backward (AddAuxiliaryLoss, as in DeepSeek-MoE's code), weight 1, from a loss that only depends on
-aux-router parameters. The last value is kept in `last_aux_loss` for logging.
+The auxiliary loss is the trainer's to add: in train mode with grad enabled each routed layer keeps its
+loss, graph attached, in `aux_loss`, and `MixtureOfDepths.auxiliary_loss()` hands over their sum (and
+clears them), so that it joins the main loss before any fp16 loss scaling.
 """
 
 from __future__ import annotations
@@ -34,45 +34,33 @@ from ablate.models.hybrid import DecoderLayer, RMSNorm, init_llama_style, rotary
 from ablate.models.mod_options import Options, dimensions, inter_token_params, mixing_flops_per_token, param_count  # noqa: F401
 
 
-class AddAuxiliaryLoss(torch.autograd.Function):
-    """Identity on x; in backward, also sends gradient 1 to `loss` (as if it were added to the total loss)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, loss: Tensor) -> Tensor:
-        ctx.loss_dtype = loss.dtype
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
-        return grad, torch.ones((), dtype=ctx.loss_dtype, device=grad.device)
-
-
 class RoutedLayer(nn.Module):
     def __init__(self, d_model: int, heads: int, kv_heads: int, inner: int, opts: Options):
         super().__init__()
-        self.opts, self.head_dim = opts, d_model // heads
+        if reason := opts.non_causal_reason():
+            raise ValueError(reason)
+        self.capacity, self.head_dim = opts.capacity, d_model // heads
         self.block = DecoderLayer(d_model, heads, kv_heads, inner)
         self.router = nn.Linear(d_model, 1, bias=False)
         self.aux_router = nn.Sequential(nn.Linear(d_model, d_model // 2), nn.SiLU(), nn.Linear(d_model // 2, 1))
         self.last_selected: Tensor | None = None  # (B, T) bool, for tests and diagnostics
-        self.last_aux_loss: Tensor | None = None
+        self.aux_loss: Tensor | None = None  # the aux router's BCE from the last train-mode forward, with its graph
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, d = x.shape
         scores = self.router(x)[..., 0].float()  # (B, T)
-        if self.training or self.opts.inference_router == "topk":
-            c = math.ceil(self.opts.capacity * t)
+        if self.training:
+            c = math.ceil(self.capacity * t)
             index = scores.topk(c, dim=1).indices.sort(dim=1).values  # (B, C), causal order
             selected = torch.zeros(b, t, dtype=torch.bool, device=x.device).scatter(1, index, True)
             out = self._through_gathered(x, scores, index)
         else:
             selected = self.aux_router(x)[..., 0] > 0  # sigmoid(aux) > 0.5, per token
             out = self._through_masked(x, scores, selected)
+        self.aux_loss = None
         if self.training and torch.is_grad_enabled():
-            aux_logits = self.aux_router(x.detach())[..., 0].float()
-            aux_loss = F.binary_cross_entropy_with_logits(aux_logits, selected.float())
-            out = AddAuxiliaryLoss.apply(out, aux_loss)
-            self.last_aux_loss = aux_loss.detach()
+            aux_logits = self.aux_router(x.detach())[..., 0].float()  # (B, T)
+            self.aux_loss = F.binary_cross_entropy_with_logits(aux_logits, selected.float())
         self.last_selected = selected
         return out
 
@@ -83,8 +71,7 @@ class RoutedLayer(nn.Module):
         xs = x.gather(1, gather)  # (B, C, D)
         cos, sin = rotary(index, self.head_dim)  # original positions, (B, 1, C, hd)
         delta = self.block(xs, cos, sin) - xs  # (B, C, D)
-        picked = scores.gather(1, index)  # (B, C)
-        weight = torch.sigmoid(picked) if self.opts.router == "sigmoid" else torch.softmax(picked, dim=1)
+        weight = torch.sigmoid(scores.gather(1, index))  # (B, C)
         return x.scatter_add(1, gather, (weight[..., None] * delta).to(x.dtype))
 
     def _through_masked(self, x: Tensor, scores: Tensor, selected: Tensor) -> Tensor:
@@ -95,11 +82,7 @@ class RoutedLayer(nn.Module):
         mask = (causal & (selected[:, None, :] | itself))[:, None]  # (B, 1, T, T)
         cos, sin = rotary(torch.arange(t, device=x.device), self.head_dim)
         delta = self.block(x, cos, sin, mask) - x  # (B, T, D)
-        if self.opts.router == "sigmoid":
-            weight = torch.sigmoid(scores)
-        else:
-            weight = torch.softmax(scores.masked_fill(~selected, torch.finfo(scores.dtype).min), dim=1)
-        weight = torch.where(selected, weight, torch.zeros_like(weight))  # (B, T)
+        weight = torch.where(selected, torch.sigmoid(scores), torch.zeros_like(scores))  # (B, T)
         return x + (weight[..., None] * delta).to(x.dtype)
 
 
@@ -121,6 +104,13 @@ class MixtureOfDepths(nn.Module):
 
     def routed_layers(self) -> list[RoutedLayer]:
         return [layer for layer in self.layers if isinstance(layer, RoutedLayer)]
+
+    def auxiliary_loss(self) -> Tensor | None:
+        """The sum of the routed layers' aux-router losses from the last train-mode forward (clears them); None if none."""
+        losses = [layer.aux_loss for layer in self.routed_layers() if layer.aux_loss is not None]
+        for layer in self.routed_layers():
+            layer.aux_loss = None
+        return sum(losses[1:], losses[0]) if losses else None
 
     def hidden_states(self, input_ids: Tensor) -> Tensor:
         cos, sin = rotary(torch.arange(input_ids.shape[1], device=input_ids.device), self.head_dim)

@@ -9,20 +9,38 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ablate.models.hybrid_options import attention_params, decoder_layer_params
 
+# MoD trains by top-k over the sequence (the paper's design); reports print this under MoD tables
+TRAINING_NOTE = "train loss uses non-causal top-k routing; test loss uses the causal router"
+
 
 class Options(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     capacity: float = Field(0.125, gt=0, le=1, description="fraction of each sequence's tokens that pass through a routed block")
-    router: Literal["sigmoid", "softmax"] = Field("sigmoid", description="router weight: sigmoid of the token's score, or the blog's softmax over the selected tokens (not causal)")
+    router: Literal["sigmoid", "softmax"] = Field("sigmoid", description="router weight: sigmoid of the token's own score; softmax (the blog's, over the selected tokens) is refused: no causal eval")
     every: int = Field(2, ge=1, description="route every n-th block (blocks n-1, 2n-1, ...); 1 routes all blocks")
-    inference_router: Literal["aux", "topk"] = Field("aux", description="eval-mode selection: the causal auxiliary router, or training-time top-k")
+    inference_router: Literal["aux", "topk"] = Field("aux", description="eval-mode selection: the causal auxiliary router; topk (training-time top-k in eval) is refused: not causal")
     intermediate: int | None = Field(None, gt=0, description="SwiGLU inner width; default 4 * d_model")
     tie_weights: bool = Field(False, description="share the token embedding with the LM head")
 
     def check_trial(self, trial) -> None:
         if trial.heads is None:
             raise ValueError("the mod family needs heads (attention heads), e.g. heads: 4")
+        if reason := self.non_causal_reason():
+            raise ValueError(reason)
+
+    def non_causal_reason(self) -> str | None:
+        """Why these options cannot be evaluated causally (eval loss, samples, embeddings), or None."""
+        if self.router == "softmax":
+            return ("options.router: softmax cannot be evaluated causally: the blog's softmax normalises each "
+                    "selected token's weight over the whole sequence, so every output depends on later tokens, "
+                    "and the blog gives it no inference form ('breaks causality ... Do we fix it? NO'); use "
+                    "router: sigmoid, the blog's causal replacement")
+        if self.inference_router == "topk":
+            return ("options.inference_router: topk cannot be evaluated causally: top-k selection over the "
+                    "sequence decides each token by the scores of later tokens; use inference_router: aux, "
+                    "the per-token auxiliary router (the paper's causal sampling)")
+        return None
 
     def is_routed(self, index: int) -> bool:
         return index % self.every == self.every - 1

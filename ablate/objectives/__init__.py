@@ -6,7 +6,12 @@ token-weighted means across batches, micro-batches and ranks (the studies averag
 Each objective module (one file each) exposes `build(trial, vocab_size) -> nn.Module` (forward maps
 input_ids (B, T) to logits (B, T, V)), `loss(trial) -> LossFn` and `count(trial)` (labels -> the
 number of targets that loss counts, on the host); `clm` is the registry's model with
-next-token cross-entropy. Which architectures an objective supports is declared in
+next-token cross-entropy.
+
+The trainer never calls a loss on a bare model: it wraps `Objective(trial, model)`, one module whose
+forward(input_ids, labels) is the model AND its loss, in DDP and torch.compile. Every forward pass of
+every objective then goes through the wrapper's forward (DDP's gradient hooks, the compiled graph), and
+a loss a model adds internally (mixture-of-depths' router loss) comes back from that same forward. Which architectures an objective supports is declared in
 spec.OBJECTIVE_ARCHITECTURES, so that a spec is refused before anything trains.
 """
 
@@ -16,6 +21,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from ablate.errors import AblateError
@@ -74,6 +80,33 @@ def passes(trial: Any) -> tuple[float, float]:
     if trial.objective in ("bidirectional", "autoencoder"):
         return 1.0, 2.0  # two stacks, each run once: parameters already count both
     return 1.0, 1.0
+
+
+class Objective(nn.Module):
+    """A trial's model and its loss as one module: what DDP and torch.compile wrap.
+
+    forward(input_ids, labels) -> (loss sum, target count, auxiliary loss): the objective's summed loss
+    over its counted targets, how many it counted, and the sum of the losses the model added inside
+    its forward (0 when none; the trainer adds them, weight 1, to the step's mean loss before any
+    loss scaling, so an fp16 GradScaler scales them like the main loss). `model` is the bare model
+    (checkpoints, generation and retrieval use it).
+    """
+
+    def __init__(self, trial: Any, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_function(trial)
+
+    def forward(self, input_ids: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        total, count = self.loss_fn(self.model, input_ids, labels)
+        return total, count, auxiliary_loss(self.model, total)
+
+
+def auxiliary_loss(model: nn.Module, like: Tensor) -> Tensor:
+    """The sum of every submodule's `auxiliary_loss()` since the last call (collecting clears them); 0 if none."""
+    parts = [aux for m in model.modules() if hasattr(m, "auxiliary_loss") for aux in [m.auxiliary_loss()]
+             if aux is not None]
+    return sum(parts, like.new_zeros((), dtype=torch.float32))
 
 
 def causal_lm_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:

@@ -7,6 +7,11 @@ forward (lower-triangular) and reverse (upper, offset past the target) convoluti
 streams inside the blocks would leak the target after two layers, as the study found. For the
 transformer it is the study's second causal stack over the flipped sequence. Position t's logits
 predict token t itself (no shift): t = 0 only from the right, t = T - 1 only from the left.
+
+The mixer's blocks are the study's DoubleMixerBlock: separate forward and reverse sequence mixings and
+sequence norms, but ONE feed-forward and its norm per block, applied to both streams (~151M parameters at
+d=1024, 16 layers, where two whole stacks would be ~293M). The transformer's are two whole stacks (the
+study's forward_model and reverse_model), sharing only the embedding and head.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ class Bidirectional(nn.Module):
     def __init__(self, trial: Any, vocab_size: int):
         super().__init__()
         self.forward_stack, self.reverse_stack = stacks(trial, vocab_size)  # the embedding and head are shared
+        if trial.architecture == "mixer":
+            for f, r in zip(self.forward_stack.blocks, self.reverse_stack.blocks, strict=True):
+                r.ffn, r.ffn_norm = f.ffn, f.ffn_norm  # one feed-forward per block for both streams
 
     def forward(self, input_ids: Tensor) -> Tensor:
         x = self.forward_stack.embed(input_ids)  # (B, T, D)

@@ -2,8 +2,12 @@
 
 Pass 1 is ordinary next-token prediction. Pass i + 1 runs the same model on pass i's greedy
 predictions (input position t then holds the guess for token t + i), and its logits at t are scored
-against token t + 1 + i. The loss is the token-weighted mean over all passes, so a run's eval loss is
-comparable across runs with the same n, not with plain `clm` runs.
+against token t + 1 + i. Two losses (objective_options.loss):
+- `mean` (default): the token-weighted mean over all passes, comparable across runs with the same n;
+- `sum`: the study's (its MTPTransformer adds each pass's mean cross-entropy): the sum over passes of each
+  pass's token-weighted mean, about n times the mean. It is returned as (sum, count of pass 1's targets),
+  each pass's sum scaled by count_1 / count_i, so that sum / count is exactly that sum of means.
+Neither is comparable with plain `clm` runs.
 """
 
 from __future__ import annotations
@@ -22,27 +26,33 @@ def build(trial: Any, vocab_size: int) -> nn.Module:
 
 
 def loss(trial: Any) -> LossFn:
-    n = trial.objective_settings().n_tokens
+    settings = trial.objective_settings()
+    n, summed = settings.n_tokens, settings.loss == "sum"
 
     def multi_token_loss(model: nn.Module, input_ids: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         if input_ids.shape[1] <= n:
             return next_token_loss(model, input_ids, labels)
-        x, total, count = input_ids, 0, 0
+        x, sums, counts = input_ids, [], []
         for i in range(n):
             logits = model(x)
             s, c = aligned_loss(logits[:, : -(1 + i)], labels[:, 1 + i:])
-            total, count = total + s, count + c
+            sums.append(s)
+            counts.append(c)
             x = logits.argmax(-1).detach()  # the guesses are inputs, not a path for gradients
-        return total, count
+        if summed:
+            first = counts[0]
+            return sum(s * (first / c.clamp(min=1)) for s, c in zip(sums, counts)), first
+        return sum(sums), sum(counts)
 
     return multi_token_loss
 
 
 def count(trial: Any):
-    n = trial.objective_settings().n_tokens
+    settings = trial.objective_settings()
+    n, summed = settings.n_tokens, settings.loss == "sum"
 
     def targets(labels: Tensor) -> int:
-        if labels.shape[1] <= n:
+        if labels.shape[1] <= n or summed:
             return count_next_tokens(labels)
         return sum(int((labels[:, 1 + i:] != IGNORE_INDEX).sum()) for i in range(n))
 
