@@ -776,8 +776,35 @@ def _resolve_local(dataset: dict[str, Any], base_dir: Path, must_exist: bool = T
     return dataset
 
 
-def _check_blocks(spec: SweepSpec) -> list[str]:
+def _search_non_causal(spec: SweepSpec) -> list[str]:
+    """Option choices of a search that no trial may use (eval would not be causal): refused before it starts."""
+    search = spec.search
+    if search is None:
+        return []
+    fixed = {**spec.defaults, **search.base}
+    arch = search.parameters.get("architecture")
+    names = list(arch.choices or ()) if arch is not None else [fixed.get("architecture")]
     problems = []
+    for key, param in search.parameters.items():
+        if not key.startswith("options.") or param.type != "categorical":
+            continue
+        for name in names:
+            if not isinstance(name, str) or name not in models.FAMILIES:
+                continue
+            options_cls = models.options_model(name)
+            for choice in param.choices or ():
+                try:
+                    opts = options_cls(**{**(fixed.get("options") or {}), key.removeprefix("options."): choice})
+                except (ValidationError, TypeError):
+                    continue  # another problem, reported when a trial is sampled
+                reason = opts.non_causal_reason() if hasattr(opts, "non_causal_reason") else None
+                if reason:
+                    problems.append(f"search.parameters.{key}: choice {choice!r} for {name}: {reason}")
+    return problems
+
+
+def _check_blocks(spec: SweepSpec) -> list[str]:
+    problems = _search_non_causal(spec)
     if not spec.grid:
         problems.append("grid: an empty list expands to 0 trials; give at least one block, e.g. "
                         "grid: [{d_model: [256, 512]}], or leave grid out to run the defaults as one trial")

@@ -326,3 +326,12 @@ def test_mixture_of_depths_trains_in_fp16_with_a_scaler_and_its_report_says_trai
 
     view = RunView(row=type("Row", (), {"id": 1, "notes": None})(), axes={"architecture": "mod"}, reference=None)
     assert any(TRAINING_NOTE in n for n in run_notes([view]))
+
+
+def test_a_search_over_a_non_causal_option_value_is_refused_when_the_spec_is_read():
+    data = spec_dict(search={"parameters": {"options.router": {"type": "categorical", "choices": ["sigmoid", "softmax"]}},
+                             "base": {"architecture": "mod", "d_model": 32, "heads": 4}})
+    with pytest.raises(SpecError, match="options.router: choice 'softmax' for mod: .*cannot be evaluated causally"):
+        parse_spec(data)
+    data["search"]["parameters"]["options.router"]["choices"] = ["sigmoid"]
+    assert parse_spec(data).search is not None
