@@ -60,6 +60,9 @@ def _param_counts(trial: Any) -> tuple[int, int]:
         total, inter = 2 * total - ends, 2 * inter
         if trial.objective == "bidirectional" and trial.architecture == "mixer":  # one feed-forward per block
             total -= trial.layers * fam.feed_forward_params(trial)
+    if trial.objective == "classification":  # the class head (the LM head stays, frozen)
+        classes = trial.objective_settings().classes
+        total += trial.d_model * classes + classes
     return total, inter
 
 

@@ -173,6 +173,8 @@ def load_documents(ref: DatasetRef, split: str | None = None, cache: Path | None
         raise AblateError(f"dataset.eval.split: local files have no split {split!r}; "
                           "use dataset.eval.holdout (a number of documents) instead")
     if ref.source.startswith("ablate:"):
+        if ref.label_field is not None:
+            raise AblateError(f"dataset.label_field: the embedded corpus {ref.source} has no labels")
         docs = _text_documents(embedded_text(ref.source, cache), "text")
         return datasets.Dataset.from_dict({"text": docs[1:-1] if _embedded(ref.source).cut_ends else docs})
     files = _local_files(ref.source)
@@ -180,6 +182,9 @@ def load_documents(ref: DatasetRef, split: str | None = None, cache: Path | None
         raise AblateError(f"dataset.source: {ref.source} contains no .txt, .jsonl, .parquet or .arrow files")
     kinds = {fmt if fmt != "auto" else SUFFIX_FORMAT.get(f.suffix, "text") for f in files}
     if kinds <= {"text", "lines"}:
+        if ref.label_field is not None:
+            raise AblateError(f"dataset.label_field: {ref.source} is plain text, which has no label column; give "
+                              "jsonl, parquet or arrow files with a text and a label column")
         docs = [d for f in files for d in _text_documents(_read_text(f), fmt if fmt in ("text", "lines") else "auto")]
         ds = datasets.Dataset.from_dict({"text": docs})
     else:
@@ -194,10 +199,17 @@ def load_documents(ref: DatasetRef, split: str | None = None, cache: Path | None
 
 
 def _text_column(ds, ref: DatasetRef):
+    """The `text` column (and, for labelled corpora, the `label` column) of a loaded dataset."""
     if ref.text_field not in ds.column_names:
         raise AblateError(f"dataset.text_field: no column {ref.text_field!r} in {ref.source} "
                           f"(columns: {', '.join(ds.column_names)}){did_you_mean(ref.text_field, ds.column_names)}")
-    ds = ds.select_columns([ref.text_field])
+    if ref.label_field is not None and ref.label_field not in ds.column_names:
+        raise AblateError(f"dataset.label_field: no column {ref.label_field!r} in {ref.source} "
+                          f"(columns: {', '.join(ds.column_names)}){did_you_mean(ref.label_field, ds.column_names)}")
+    keep = [ref.text_field] + ([ref.label_field] if ref.label_field is not None else [])
+    ds = ds.select_columns(keep)
+    if ref.label_field is not None and ref.label_field != "label":
+        ds = ds.rename_column(ref.label_field, "label")
     return ds.rename_column(ref.text_field, "text") if ref.text_field != "text" else ds
 
 
@@ -298,7 +310,11 @@ def _train_bpe(docs, ref: TokenizerRef, progress: bool):
 
 
 class TokenRows:
-    """Rows of `context` token ids, memory-mapped; labels are -100 past each row's length (pad packing)."""
+    """Rows of `context` token ids, memory-mapped; labels are -100 past each row's length (pad packing).
+
+    A labelled corpus (dataset.label_field) gives, instead of token labels, each row's class at the row's last
+    real token and -100 everywhere else: the classification objective reads both the class and the length
+    from that one tensor."""
 
     def __init__(self, folder: Path, split: str, meta: dict[str, Any]):
         info = meta["splits"][split]
@@ -308,6 +324,9 @@ class TokenRows:
             if self.rows else np.zeros((0, self.context), dtype=meta["dtype"])
         self.lengths = np.memmap(folder / f"{split}.len", dtype=np.int32, mode="r", shape=(self.rows,)) \
             if meta["packing"] == "pad" and self.rows else None
+        self.classes = np.memmap(folder / f"{split}.cls", dtype=np.int32, mode="r", shape=(self.rows,)) \
+            if meta.get("labels") and self.rows else None
+        self.n_classes: int = info.get("classes", 0)
 
     def __len__(self) -> int:
         return self.rows
@@ -319,6 +338,9 @@ class TokenRows:
         if self.lengths is not None:
             lengths = torch.from_numpy(self.lengths[idx].astype(np.int64))  # (B,)
             labels[torch.arange(self.context)[None, :] >= lengths[:, None]] = -100
+            if self.classes is not None:  # a labelled row: its class at its last token, nothing else counted
+                labels.fill_(-100)
+                labels[torch.arange(len(idx)), lengths - 1] = torch.from_numpy(self.classes[idx].astype(np.int64))
         return ids, labels
 
     def order(self, epoch: int, seed: int) -> np.ndarray:
@@ -401,8 +423,23 @@ def _build(folder: Path, dataset: DatasetRef, tok: Any, context: int, progress: 
                            desc=f"tokenizing {split}")
         meta["splits"][split] = (_pack_pad if dataset.packing == "pad" else _pack_concat)(
             folder, split, encoded, context, dtype, tok.pad_token_id)
-    meta["sha256"] = {f.name: _file_sha256(f) for f in sorted(folder.iterdir()) if f.suffix in (".bin", ".len")}
+        if dataset.label_field is not None:
+            meta["splits"][split]["classes"] = _write_labels(folder, split, encoded["label"], dataset.label_field)
+    if dataset.label_field is not None:
+        meta["labels"] = True
+    meta["sha256"] = {f.name: _file_sha256(f) for f in sorted(folder.iterdir())
+                      if f.suffix in (".bin", ".len", ".cls")}
     (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def _write_labels(folder: Path, split: str, labels: list[Any], field_name: str) -> int:
+    """One class label per row (`{split}.cls`); returns how many classes the split's labels need."""
+    bad = next((x for x in labels if isinstance(x, bool) or not isinstance(x, int) or x < 0), None)
+    if bad is not None:
+        raise AblateError(f"dataset.label_field: {field_name!r} holds {bad!r}; class labels must be integers "
+                          "0 .. classes-1 (map text labels to integers first)")
+    np.asarray(labels, dtype=np.int32).tofile(folder / f"{split}.cls")
+    return int(max(labels, default=-1)) + 1
 
 
 def _file_sha256(path: Path) -> str:

@@ -104,6 +104,7 @@ class Run(Base):
     mfu: Mapped[float | None]
     final_train_loss: Mapped[float | None]
     final_eval_loss: Mapped[float | None]
+    final_eval_accuracy: Mapped[float | None]  # classification runs: the fraction of eval rows classified right
     # the latest logged points, kept by write_metrics so status tables never aggregate the metrics table
     last_step: Mapped[int | None]
     last_elapsed_seconds: Mapped[float | None]

@@ -139,6 +139,8 @@ def _one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView]) -> Tab
     rows = [("Train", [_loss_cell(runs, "final_train_loss") for runs in columns.values()]),
             ("Test", [_loss_cell(runs, "final_eval_loss") for runs in columns.values()]),
             ("Epochs", [_epochs_cell(runs) for runs in columns.values()])]
+    if any(getattr(r.row, "final_eval_accuracy", None) is not None for runs in columns.values() for r in runs):
+        rows.append(("Test accuracy", [_loss_cell(runs, "final_eval_accuracy") for runs in columns.values()]))
     notes = []
     repeated = [label for label, runs in zip(labels, columns.values()) if _max_epochs(runs) > 1]
     if repeated:

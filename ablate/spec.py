@@ -24,11 +24,11 @@ from ablate import models
 from ablate.errors import SpecError, did_you_mean, one_of, show
 
 MAX_TRIALS = 10_000
-OBJECTIVES = ("clm", "bidirectional", "multi_token", "autoencoder", "one_step")
+OBJECTIVES = ("clm", "bidirectional", "multi_token", "autoencoder", "one_step", "classification")
 # Objectives that rebuild a model from its embedding, block stack and head need those parts exposed
 # (ablate.models: embed / hidden_from_embeds / head / layers); None means every architecture.
 OBJECTIVE_ARCHITECTURES: dict[str, tuple[str, ...] | None] = {
-    "clm": None, "multi_token": None,
+    "clm": None, "multi_token": None, "classification": None,
     "bidirectional": ("mixer", "llama"), "autoencoder": ("mixer", "llama"), "one_step": ("mixer", "llama"),
 }
 # GPU classes the studies ran on; any other name is a Prefect work pool of the user's.
@@ -225,6 +225,22 @@ class DatasetRef(Frozen):
     limit: Whole | None = Field(None, gt=0)
     eval: EvalSplit = EvalSplit(holdout=50)
     packing: Literal["pad", "concat"] = "pad"
+    # a column of integer class labels (0 .. classes-1), one per document: for objective: classification
+    label_field: str | None = None
+
+    @model_validator(mode="after")
+    def _one_document_per_label(self) -> DatasetRef:
+        if self.label_field is not None and self.packing != "pad":
+            raise ValueError("label_field needs packing: pad (one labelled document per row); concat packing "
+                             "joins documents and their labels would no longer belong to a row")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset_labels(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("label_field") is None:  # unlabelled corpora keep their identity
+            data.pop("label_field", None)
+        return data
 
 
 class TokenizerRef(Frozen):
@@ -280,13 +296,20 @@ class OneStepOptions(Frozen):
     mask_layer: Whole | None = Field(None, ge=1, description="blocks before the prediction half is masked; default layers // 2")
 
 
+class ClassificationOptions(Frozen):
+    classes: Whole = Field(2, ge=2, le=100_000, description="number of classes; labels are 0 .. classes-1")
+    pooling: Literal["mean", "last"] = Field("mean", description="mean: the average of the per-position class "
+                                             "scores over the document (the MetaFormer study's head); last: the "
+                                             "last token's hidden state (which, causally, has read the whole text)")
+
+
 class NoOptions(Frozen):
     pass
 
 
 OBJECTIVE_OPTIONS: dict[str, type[Frozen]] = {
     "clm": NoOptions, "bidirectional": NoOptions, "autoencoder": NoOptions,
-    "multi_token": MultiTokenOptions, "one_step": OneStepOptions,
+    "multi_token": MultiTokenOptions, "one_step": OneStepOptions, "classification": ClassificationOptions,
 }
 
 
@@ -403,6 +426,9 @@ class TrialConfig(Frozen):
             raise ValueError(f"objective {self.objective!r} is built for architectures {one_of(allowed)}, "
                              f"not {self.architecture!r}; use one of those or objective: clm")
         settings = self.objective_settings()
+        if self.objective == "classification" and self.dataset.label_field is None:
+            raise ValueError("objective 'classification' needs labelled documents: set dataset.label_field (the "
+                             "column of integer class labels, e.g. label_field: label for the hub's imdb)")
         if self.objective == "one_step":
             mask_layer = settings.mask_layer
             if mask_layer is not None and mask_layer >= self.layers:

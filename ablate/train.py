@@ -95,6 +95,9 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     flops_per_token = param_passes * bud.train_flops_per_token(
         params - embedding, mixing_stacks / param_passes * fam.mixing_flops_per_token(trial))
     count_targets = objectives.target_counter(trial)
+    count_tokens = objectives.token_counter(trial)
+    if trial.objective == "classification":
+        _check_classes(trial, prepared)
 
     optimizer = make_optimizer(model, trial, device)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
@@ -157,7 +160,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
         t0 = time.perf_counter()
         micro = [batches.take(progress.samples + k * progress.micro_batch * dist_.world, progress.micro_batch)
                  for k in range(progress.grad_accum)]
-        host_tokens = sum(objectives.count_next_tokens(labels) for _, labels in micro)
+        host_tokens = sum(count_tokens(labels) for _, labels in micro)
         host_targets = max(sum(count_targets(labels) for _, labels in micro), 1)
         micro = [(ids.to(device, non_blocking=True), labels.to(device, non_blocking=True)) for ids, labels in micro]
         clock.meters["data"] += time.perf_counter() - t0
@@ -167,7 +170,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
             is_last = k == len(micro) - 1
             ctx = wrapped.no_sync() if (dist_.world > 1 and not is_last and hasattr(wrapped, "no_sync")) else _null()
             with ctx, _autocast(device, precision):
-                s, c, aux = wrapped(ids, labels)
+                s, c, aux, _ = wrapped(ids, labels)
             # token-weighted over the whole step, not a mean of micro-batch means; a model's own losses (router
             # losses) count once per step; both go through the scaler
             loss = s / host_targets + aux / len(micro)
@@ -273,7 +276,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
             # ---- intermediate evals at budget fractions (clock paused)
             if progress.next_eval < len(trial.eval.at) and f >= trial.eval.at[progress.next_eval]:
                 with clock.paused("eval"):
-                    ev = evaluate(wrapped, prepared.eval, trial, device, dist_, trial.eval.batches, precision)
+                    ev, _ = evaluate(wrapped, prepared.eval, trial, device, dist_, trial.eval.batches, precision)
                     recorder.log(step=progress.step, split="eval", elapsed_seconds=clock.elapsed(),
                                  tokens=progress.tokens, loss=ev, lr=None)
                     recorder.flush()
@@ -324,7 +327,9 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
         return _finalize(recorder, status, error, progress, clock, device, params, flops_per_token, device_name, None, None)
 
     with clock.paused("eval"):
-        final_eval = evaluate(wrapped, prepared.eval, trial, device, dist_, None, precision)
+        final_eval, accuracy = evaluate(wrapped, prepared.eval, trial, device, dist_, None, precision)
+    if accuracy is not None:
+        recorder.update(final_eval_accuracy=accuracy)
     recorder.log(step=progress.step, split="eval", elapsed_seconds=clock.elapsed(), tokens=progress.tokens,
                  loss=final_eval, lr=None)
     final_train = _final_train_loss(progress.intervals)
@@ -446,11 +451,13 @@ def _checkpoint(path: Path, model: Any, optimizer: Any, scaler: Any, progress: P
 
 @torch.no_grad()
 def evaluate(objective: torch.nn.Module, rows: Any, trial: TrialConfig, device: torch.device, dist_: Dist,
-             max_batches: int | None, precision: str) -> float:
+             max_batches: int | None, precision: str) -> tuple[float, float | None]:
     """Token-weighted mean loss over the eval split (sharded across ranks), in nats, of the (wrapped) Objective
-    in eval mode: every model's eval-mode forward is causal (tests/test_causality.py)."""
+    in eval mode (every model's eval-mode forward is causal: tests/test_causality.py), and for classification
+    the fraction of rows classified right (else None)."""
     objective.eval()
-    total = torch.zeros(2, device=device, dtype=torch.float64)
+    total = torch.zeros(3, device=device, dtype=torch.float64)
+    classified = False
     n = len(rows)
     order = np.arange(n)
     bs = trial.batch_size
@@ -460,14 +467,26 @@ def evaluate(objective: torch.nn.Module, rows: Any, trial: TrialConfig, device: 
     for idx in shards[dist_.rank:: dist_.world]:
         ids, labels = rows.batch(idx)
         with _autocast(device, precision):
-            s, c, _ = objective(ids.to(device), labels.to(device))
+            s, c, _, correct = objective(ids.to(device), labels.to(device))
         total[0] += s.double()
         total[1] += c.double()
+        if correct is not None:
+            total[2] += correct.double()
+            classified = True
     if dist_.world > 1:
         dist.all_reduce(total)
     objective.train()
-    s, c = total.tolist()
-    return s / c if c else float("nan")
+    s, c, right = total.tolist()
+    classified = classified or trial.objective == "classification"  # a rank without eval rows still agrees
+    return (s / c if c else float("nan")), (right / c if classified and c else None)
+
+
+def _check_classes(trial: TrialConfig, prepared: Any) -> None:
+    needed = max(prepared.train.n_classes, prepared.eval.n_classes)
+    classes = trial.objective_settings().classes
+    if needed > classes:
+        raise AblateError(f"objective_options.classes={classes}, but dataset.label_field "
+                          f"{trial.dataset.label_field!r} has labels up to {needed - 1}; set classes: {needed}")
 
 
 def _finish_oom(recorder: Recorder, trial: TrialConfig, progress: Progress, clock: bud.Clock, device: torch.device,

@@ -22,7 +22,7 @@ from ablate.spec import RECIPES, TrialConfig, describe_recipe, fingerprint, load
 REPO = Path(__file__).resolve().parent.parent
 SWEEPS = REPO / "sweeps"
 # sweeps of studies by other authors, which state no recipe: they say so and keep the project's
-OWN_RECIPE = {"smoke.yaml", "metaformer-token-mixers.yaml", "mixture-of-depths.yaml"}
+OWN_RECIPE = {"smoke.yaml", "metaformer-token-mixers.yaml", "metaformer-imdb.yaml", "mixture-of-depths.yaml"}
 
 
 def trial(**over) -> TrialConfig:
@@ -303,7 +303,7 @@ def test_a_models_own_loss_goes_through_the_fp16_grad_scaler_like_the_main_loss(
         scaler = torch.amp.GradScaler("cpu", init_scale=scale)
         x = torch.randint(0, 40, (2, 16), generator=torch.Generator().manual_seed(3))
         with torch.autocast("cpu", dtype=torch.float16):
-            s, c, aux = objective(x, x.clone())
+            s, c, aux, _ = objective(x, x.clone())
         assert aux.requires_grad and float(aux) > 0
         scaler.scale(s / c + aux).backward()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)

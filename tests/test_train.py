@@ -193,13 +193,17 @@ def test_a_run_killed_midway_resumes_the_same_trajectory_without_duplicate_metri
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("objective", ["clm", "bidirectional", "autoencoder", "multi_token", "one_step"])
+@pytest.mark.parametrize("objective", ["clm", "bidirectional", "autoencoder", "multi_token", "one_step",
+                                       "classification"])
 def test_two_process_ddp_matches_one_process_at_the_same_global_batch(tmp_path, objective):
     # every objective's forward goes through the DDP wrapper (a call past it would miss DDP's gradient hooks, or
     # fail outright: DistributedDataParallel has none of the model's own attributes)
     steps = 40 if objective == "clm" else 20
-    one = make_trial(batch_size=8, budget={"steps": steps}, objective=objective)
-    two = make_trial(batch_size=4, budget={"steps": steps, "gpus": 2}, objective=objective)
+    labelled = {} if objective != "classification" else {  # 15 real IMDb reviews (tests/data)
+        "dataset": {"source": str(REPO / "tests" / "data" / "imdb-sample.jsonl"), "label_field": "label",
+                    "eval": {"holdout": 5}}, "tokenizer": {"vocab_size": 320}, "context": 96}
+    one = make_trial(batch_size=8, budget={"steps": steps}, objective=objective, **labelled)
+    two = make_trial(batch_size=4, budget={"steps": steps, "gpus": 2}, objective=objective, **labelled)
     url = f"sqlite:///{tmp_path / 'r.db'}"
     r1, r2 = registered(url, one), registered(url, two)
     subprocess.run(_train_cmd(url, r1, tmp_path / "art", 1e9), check=True, timeout=300)

@@ -36,6 +36,7 @@ MODULES = {
     "autoencoder": "ablate.objectives.autoencoder",
     "multi_token": "ablate.objectives.multi_token",
     "one_step": "ablate.objectives.one_step",
+    "classification": "ablate.objectives.classification",
 }
 
 
@@ -57,6 +58,11 @@ def target_counter(trial: Any) -> Callable[[Tensor], int]:
     sync, so that a step's micro-batches are weighted by tokens over the whole step.
     """
     return _module(trial.objective).count(trial)
+
+
+def token_counter(trial: Any) -> Callable[[Tensor], int]:
+    """labels (B, T) on the host -> the real input tokens they stand for (throughput, token budgets)."""
+    return getattr(_module(trial.objective), "input_tokens", count_next_tokens)
 
 
 def count_next_tokens(labels: Tensor) -> int:
@@ -85,11 +91,12 @@ def passes(trial: Any) -> tuple[float, float]:
 class Objective(nn.Module):
     """A trial's model and its loss as one module: what DDP and torch.compile wrap.
 
-    forward(input_ids, labels) -> (loss sum, target count, auxiliary loss): the objective's summed loss
-    over its counted targets, how many it counted, and the sum of the losses the model added inside
-    its forward (0 when none; the trainer adds them, weight 1, to the step's mean loss before any
-    loss scaling, so an fp16 GradScaler scales them like the main loss). `model` is the bare model
-    (checkpoints, generation and retrieval use it).
+    forward(input_ids, labels) -> (loss sum, target count, auxiliary loss, correct): the objective's summed
+    loss over its counted targets, how many it counted, the sum of the losses the model added inside its
+    forward (0 when none; the trainer adds them, weight 1, to the step's mean loss before any loss
+    scaling, so an fp16 GradScaler scales them like the main loss), and for classification how many rows
+    it classified right (None otherwise). `model` is the bare model (checkpoints, generation and
+    retrieval use it).
     """
 
     def __init__(self, trial: Any, model: nn.Module):
@@ -97,9 +104,10 @@ class Objective(nn.Module):
         self.model = model
         self.loss_fn = loss_function(trial)
 
-    def forward(self, input_ids: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(self, input_ids: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         total, count = self.loss_fn(self.model, input_ids, labels)
-        return total, count, auxiliary_loss(self.model, total)
+        correct = self.model.take_correct() if hasattr(self.model, "take_correct") else None
+        return total, count, auxiliary_loss(self.model, total), correct
 
 
 def auxiliary_loss(model: nn.Module, like: Tensor) -> Tensor:
