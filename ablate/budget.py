@@ -119,25 +119,30 @@ def lr_at(position: float, peak: float, schedule: str, warmup: float, cooldown: 
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
-def schedule_lr(trial: Any, budget_fraction: float, step: int, tokens: int, samples: int, rows: int | None) -> float:
-    """A trial's learning rate now: its schedule over its horizon (else the budget), its warm-up in steps or as a
-    fraction."""
-    h = trial.horizon
-    if h is None:
-        position = budget_fraction
-    elif h.steps is not None:
-        position = step / h.steps
-    elif h.tokens is not None:
+def schedule(trial: Any) -> Callable[[float, int, int, int, int | None], float]:
+    """A trial's learning rate as a function of (budget fraction, step, tokens, samples, rows): its schedule over
+    its horizon (else the budget), its warm-up in steps or as a fraction. Settings are read once, here."""
+    h, peak, kind, warmup_steps = trial.horizon, trial.lr, trial.schedule, trial.warmup_steps
+    if h is not None and h.tokens is not None:
         from ablate.spec import parse_count
 
-        position = tokens / parse_count(h.tokens)
-    else:
-        position = samples / (h.epochs * rows) if rows else budget_fraction
-    if trial.warmup_steps is None:
-        return lr_at(position, trial.lr, trial.schedule, trial.warmup)
-    ramp = step / trial.warmup_steps if trial.warmup_steps else 1.0
-    ends = trial.warmup_steps / h.steps if (h is not None and h.steps is not None) else 0.0
-    return lr_at(position, trial.lr, trial.schedule, min(ends, 0.999), ramp=ramp)
+        horizon_tokens = parse_count(h.tokens)
+    ends = min(warmup_steps / h.steps, 0.999) if (warmup_steps and h is not None and h.steps is not None) else 0.0
+
+    def at(budget_fraction: float, step: int, tokens: int, samples: int, rows: int | None) -> float:
+        if h is None:
+            position = budget_fraction
+        elif h.steps is not None:
+            position = step / h.steps
+        elif h.tokens is not None:
+            position = tokens / horizon_tokens
+        else:
+            position = samples / (h.epochs * rows) if rows else budget_fraction
+        if warmup_steps is None:
+            return lr_at(position, peak, kind, trial.warmup)
+        return lr_at(position, peak, kind, ends, ramp=step / warmup_steps if warmup_steps else 1.0)
+
+    return at
 
 
 def summarize_meters(clock: Clock) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_serializer, model_validator)
@@ -51,6 +51,21 @@ HARDWARE_MEMORY_GB: dict[str, float] = {name: p.memory_gb for name, p in HARDWAR
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LaterFields(Frozen):
+    """A model that gained optional fields after specs were stored: unset (None), they are left out of its dumps,
+    so every fingerprint computed from those dumps stays what it was."""
+
+    _added_later: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _without_unset_later_fields(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        for name in self._added_later:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
 # ---------------------------------------------------------------- numbers
@@ -214,8 +229,10 @@ class EvalSplit(Frozen):
         return self
 
 
-class DatasetRef(Frozen):
+class DatasetRef(LaterFields):
     """A corpus: a hub id (with config and split), or local files (text, jsonl, parquet, arrow, a saved dataset)."""
+
+    _added_later = ("label_field",)
 
     source: str = Field(min_length=1)
     config: str | None = None
@@ -235,16 +252,10 @@ class DatasetRef(Frozen):
                              "joins documents and their labels would no longer belong to a row")
         return self
 
-    @model_serializer(mode="wrap")
-    def _without_unset_labels(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
-        if data.get("label_field") is None:  # unlabelled corpora keep their identity
-            data.pop("label_field", None)
-        return data
-
-
-class TokenizerRef(Frozen):
+class TokenizerRef(LaterFields):
     """Train a Llama-style BPE tokenizer of `vocab_size` on the corpus, or load `name` (hub id or path)."""
+
+    _added_later = ("trained_on",)
 
     vocab_size: Whole | None = Field(4096, gt=0)
     name: str | None = None
@@ -260,14 +271,6 @@ class TokenizerRef(Frozen):
         if self.name is not None and self.trained_on is not None:
             raise ValueError("give tokenizer.name (load) or tokenizer.trained_on (train on that corpus), not both")
         return self
-
-    @model_serializer(mode="wrap")
-    def _without_unset_corpus(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
-        if data.get("trained_on") is None:  # tokenizers trained on the sweep's own corpus keep their identity
-            data.pop("trained_on", None)
-        return data
-
 
 class EvalPlan(Frozen):
     at: tuple[Real, ...] = (0.25, 0.5, 0.75)  # budget fractions with an eval (clock paused); a final eval always runs

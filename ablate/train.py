@@ -78,7 +78,6 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     random.seed(trial.seed)
     np.random.seed(trial.seed)
 
-    recorder.update(precision=precision)
     if trial.mode == "memory_probe":
         return memory_probe(trial, settings, device, recorder, device_name, precision, hardware)
 
@@ -96,8 +95,8 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
         params - embedding, mixing_stacks / param_passes * fam.mixing_flops_per_token(trial))
     count_targets = objectives.target_counter(trial)
     count_tokens = objectives.token_counter(trial)
-    if trial.objective == "classification":
-        _check_classes(trial, prepared)
+    objectives.check_data(trial, prepared)
+    lr_now = bud.schedule(trial)  # the schedule, its settings read once
 
     optimizer = make_optimizer(model, trial, device)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
@@ -224,7 +223,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     clock.meters["startup"] = startup  # data cache, model build, optimizer (its first use imports torch._dynamo)
     recorder.update(params=params, inter_token_params=fam.inter_token_params(trial), flops_per_token=flops_per_token,
                     device_name=device_name, startup_seconds=startup, checkpoint_path=str(ckpt_path.resolve()),
-                    threads=torch.get_num_threads())
+                    threads=torch.get_num_threads(), precision=precision)
     last_log_t = clock.elapsed()
     last_ckpt_wall = time.monotonic()
     # a resumed run continues the open log interval (held by rank 0; the log step sums across ranks)
@@ -288,7 +287,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
                                 (interval_sum, interval_count), identity)
                 last_ckpt_wall = time.monotonic()
             # ---- one training step
-            lr = bud.schedule_lr(trial, f, progress.step, progress.tokens, progress.samples, progress.rows)
+            lr = lr_now(f, progress.step, progress.tokens, progress.samples, progress.rows)
             try:
                 s, c, n_samples, n_tokens = one_step(lr)
                 check_memory(device, settings.memory_cap_mb)
@@ -457,7 +456,6 @@ def evaluate(objective: torch.nn.Module, rows: Any, trial: TrialConfig, device: 
     the fraction of rows classified right (else None)."""
     objective.eval()
     total = torch.zeros(3, device=device, dtype=torch.float64)
-    classified = False
     n = len(rows)
     order = np.arange(n)
     bs = trial.batch_size
@@ -472,21 +470,11 @@ def evaluate(objective: torch.nn.Module, rows: Any, trial: TrialConfig, device: 
         total[1] += c.double()
         if correct is not None:
             total[2] += correct.double()
-            classified = True
     if dist_.world > 1:
         dist.all_reduce(total)
     objective.train()
     s, c, right = total.tolist()
-    classified = classified or trial.objective == "classification"  # a rank without eval rows still agrees
-    return (s / c if c else float("nan")), (right / c if classified and c else None)
-
-
-def _check_classes(trial: TrialConfig, prepared: Any) -> None:
-    needed = max(prepared.train.n_classes, prepared.eval.n_classes)
-    classes = trial.objective_settings().classes
-    if needed > classes:
-        raise AblateError(f"objective_options.classes={classes}, but dataset.label_field "
-                          f"{trial.dataset.label_field!r} has labels up to {needed - 1}; set classes: {needed}")
+    return (s / c if c else float("nan")), (right / c if trial.objective == "classification" and c else None)
 
 
 def _finish_oom(recorder: Recorder, trial: TrialConfig, progress: Progress, clock: bud.Clock, device: torch.device,
@@ -530,6 +518,7 @@ def memory_probe(trial: TrialConfig, settings: Settings, device: torch.device, r
     progress = Progress()
     if hardware.get("mismatch"):
         progress.notes["hardware"] = hardware
+    recorder.update(precision=precision)
     try:
         model = models.build(trial, vocab).to(device)
         params = sum(p.numel() for p in model.parameters())

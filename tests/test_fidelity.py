@@ -52,19 +52,19 @@ def test_step_warmup_over_a_step_horizon_is_hf_linear_schedule_with_warmup():
 
     for step in (0, 1, 50, 99, 100, 101, 550, 999, 1000, 1500):
         # the budget fraction (a wall clock here) plays no part: the schedule follows its own horizon
-        assert bud.schedule_lr(t, 0.3, step, 0, 0, None) == pytest.approx(hf(step), abs=1e-12), step
+        assert bud.schedule(t)(0.3, step, 0, 0, None) == pytest.approx(hf(step), abs=1e-12), step
 
 
 def test_a_horizon_in_epochs_or_tokens_sets_the_decay_not_the_budget():
     epochs = trial(lr=1.0, warmup=0.0, horizon={"epochs": 3}, budget={"wall_clock": "6h"})
     rows = 1000
-    assert bud.schedule_lr(epochs, 0.9, 10, 0, 1500, rows) == pytest.approx(0.5)  # 1.5 of 3 epochs, whatever the clock
-    assert bud.schedule_lr(epochs, 0.1, 10, 0, 3000, rows) == 0.0  # past the horizon: the end of the schedule
+    assert bud.schedule(epochs)(0.9, 10, 0, 1500, rows) == pytest.approx(0.5)  # 1.5 of 3 epochs, whatever the clock
+    assert bud.schedule(epochs)(0.1, 10, 0, 3000, rows) == 0.0  # past the horizon: the end of the schedule
     tokens = trial(lr=1.0, warmup=0.1, horizon={"tokens": "1M"})
-    assert bud.schedule_lr(tokens, 0.0, 0, 50_000, 0, rows) == pytest.approx(0.5)  # half of the 10% warm-up
-    assert bud.schedule_lr(tokens, 0.0, 0, 550_000, 0, rows) == pytest.approx(0.5)
+    assert bud.schedule(tokens)(0.0, 0, 50_000, 0, rows) == pytest.approx(0.5)  # half of the 10% warm-up
+    assert bud.schedule(tokens)(0.0, 0, 550_000, 0, rows) == pytest.approx(0.5)
     plain = trial(lr=1.0, warmup=0.1)  # no horizon: the budget fraction, as before
-    assert bud.schedule_lr(plain, 0.55, 123, 0, 0, rows) == pytest.approx(bud.lr_at(0.55, 1.0, "linear", 0.1))
+    assert bud.schedule(plain)(0.55, 123, 0, 0, rows) == pytest.approx(bud.lr_at(0.55, 1.0, "linear", 0.1))
 
 
 def test_a_horizon_names_exactly_one_unit():

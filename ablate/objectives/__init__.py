@@ -11,8 +11,10 @@ next-token cross-entropy.
 The trainer never calls a loss on a bare model: it wraps `Objective(trial, model)`, one module whose
 forward(input_ids, labels) is the model AND its loss, in DDP and torch.compile. Every forward pass of
 every objective then goes through the wrapper's forward (DDP's gradient hooks, the compiled graph), and
-a loss a model adds internally (mixture-of-depths' router loss) comes back from that same forward. Which architectures an objective supports is declared in
-spec.OBJECTIVE_ARCHITECTURES, so that a spec is refused before anything trains.
+a loss a model adds internally (mixture-of-depths' router loss) comes back from that same forward.
+Which architectures an objective supports is declared in spec.OBJECTIVE_ARCHITECTURES, so that a spec
+is refused before anything trains; an objective module may also have `check_data(trial, prepared)`,
+run once before training, and `input_tokens(labels)` (tokens read, if not the next-token targets).
 """
 
 from __future__ import annotations
@@ -65,6 +67,13 @@ def token_counter(trial: Any) -> Callable[[Tensor], int]:
     return getattr(_module(trial.objective), "input_tokens", count_next_tokens)
 
 
+def check_data(trial: Any, prepared: Any) -> None:
+    """The objective's own check of the prepared corpus, once before training (most have none)."""
+    check = getattr(_module(trial.objective), "check_data", None)
+    if check is not None:
+        check(trial, prepared)
+
+
 def count_next_tokens(labels: Tensor) -> int:
     return int((labels[:, 1:] != IGNORE_INDEX).sum())
 
@@ -103,18 +112,18 @@ class Objective(nn.Module):
         super().__init__()
         self.model = model
         self.loss_fn = loss_function(trial)
+        # found once, not per forward: the submodules that add losses of their own (mixture-of-depths)
+        self._aux_sources = [m for m in model.modules() if hasattr(m, "auxiliary_loss")]
 
     def forward(self, input_ids: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         total, count = self.loss_fn(self.model, input_ids, labels)
         correct = self.model.take_correct() if hasattr(self.model, "take_correct") else None
-        return total, count, auxiliary_loss(self.model, total), correct
+        return total, count, self._auxiliary_loss(total), correct
 
-
-def auxiliary_loss(model: nn.Module, like: Tensor) -> Tensor:
-    """The sum of every submodule's `auxiliary_loss()` since the last call (collecting clears them); 0 if none."""
-    parts = [aux for m in model.modules() if hasattr(m, "auxiliary_loss") for aux in [m.auxiliary_loss()]
-             if aux is not None]
-    return sum(parts, like.new_zeros((), dtype=torch.float32))
+    def _auxiliary_loss(self, like: Tensor) -> Tensor:
+        """The sum of the sources' `auxiliary_loss()` since the last call (collecting clears them); 0 if none."""
+        parts = [aux for m in self._aux_sources for aux in [m.auxiliary_loss()] if aux is not None]
+        return sum(parts, like.new_zeros((), dtype=torch.float32))
 
 
 def causal_lm_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:

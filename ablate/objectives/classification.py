@@ -57,17 +57,16 @@ def build(trial: Any, vocab_size: int) -> nn.Module:
     return Classifier(trial, vocab_size)
 
 
-def rows_of(labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(row indices with a class, their lengths, their classes) from a labelled rows' labels tensor."""
-    marked = labels != IGNORE_INDEX  # (B, T), one True per labelled row
-    rows = marked.any(1).nonzero().squeeze(1)
-    lengths = marked[rows].float().argmax(1) + 1
-    return rows, lengths, labels[rows, lengths - 1]
+def rows_of(labels: Tensor) -> tuple[Tensor, Tensor]:
+    """(lengths, classes) of labelled rows from their labels tensor: every row holds exactly one class, at its
+    last real token (a row is never empty: it ends with eos). Shapes only, no host sync."""
+    lengths = (labels != IGNORE_INDEX).float().argmax(1) + 1  # (B,)
+    return lengths, labels.gather(1, (lengths - 1)[:, None]).squeeze(1)
 
 
 def classification_loss(model: nn.Module, input_ids: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-    rows, lengths, classes = rows_of(labels)  # labels beyond `classes` are refused before training (train.py)
-    scores = model(input_ids[rows], lengths)
+    lengths, classes = rows_of(labels)  # labels beyond `classes` are refused before training (check_data)
+    scores = model(input_ids, lengths)
     model.correct = (scores.argmax(-1) == classes).sum()
     return F.cross_entropy(scores.float(), classes, reduction="sum"), classes.new_tensor(len(classes))
 
@@ -85,4 +84,15 @@ def count(trial: Any):
 
 def input_tokens(labels: Tensor) -> int:
     """Real tokens the rows hold (for throughput and token budgets): each row's length."""
-    return int(rows_of(labels)[1].sum())
+    return int(rows_of(labels)[0].sum())
+
+
+def check_data(trial: Any, prepared: Any) -> None:
+    """Before training: the corpus's labels fit the head (else one message naming both settings)."""
+    from ablate.errors import AblateError
+
+    needed = max(prepared.train.n_classes, prepared.eval.n_classes)
+    classes = trial.objective_settings().classes
+    if needed > classes:
+        raise AblateError(f"objective_options.classes={classes}, but dataset.label_field "
+                          f"{trial.dataset.label_field!r} has labels up to {needed - 1}; set classes: {needed}")
