@@ -147,3 +147,18 @@ def schedule(trial: Any) -> Callable[[float, int, int, int, int | None], float]:
 
 def summarize_meters(clock: Clock) -> dict[str, Any]:
     return {k: round(v, 4) for k, v in clock.meters.items()}
+
+
+CHECKPOINT_MIN_SECONDS = 30.0
+CHECKPOINT_MAX_SECONDS = 600.0
+
+
+def checkpoint_interval(every: float | None, elapsed: float, fraction: float) -> float:
+    """Seconds of wall time between checkpoints: `every` when given; else a tenth of the run's expected
+    training time (estimated from the budget used so far), between 30 s and 10 min, so a killed run loses
+    at most a tenth of its budget and a long one does not spend its time writing checkpoints."""
+    if every:
+        return every
+    if fraction < 0.01 or elapsed <= 0:
+        return CHECKPOINT_MAX_SECONDS
+    return min(CHECKPOINT_MAX_SECONDS, max(CHECKPOINT_MIN_SECONDS, elapsed / fraction / 10))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import resource
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,8 @@ class Settings:
     artifacts: Path = Path("results/artifacts")
     db_url: str | None = None
     run_id: int | None = None
-    checkpoint_every: float = 600.0  # seconds of wall time between checkpoints
+    # seconds of wall time between checkpoints; None: a tenth of the run's expected length, 30 s to 10 min
+    checkpoint_every: float | None = None
     log_points: int = 200  # about this many train-loss points per run
     flush_every: float = 30.0  # seconds between metric writes
     warmup_steps: int = 2  # untimed steps (compile, allocator warm-up); state restored afterwards
@@ -76,21 +78,46 @@ class Recorder:
         self.flush_every = settings.flush_every
         self.points: list[dict[str, Any]] = []  # everything logged by this process (for callers and tests)
         self.lost = False
+        self.stop_reason: str | None = None  # why this trainer was told to stop: "cancelled" or "orphaned"
         self._stop_beating = threading.Event()
+        runner_pid = os.environ.get("ABLATE_RUNNER_PID", "")
+        self._runner_pid = int(runner_pid) if runner_pid.isdigit() else None
         if self.engine is not None and self.claimant is not None:
             threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
 
     def _beat(self) -> None:
+        """Every HEARTBEAT_SECONDS: say this claimant is alive, and stop the trainer (SIGTERM to this process:
+        it checkpoints) when the run was cancelled from any host, or the runner that started it is gone (its
+        Prefect flow run was cancelled or killed: nobody would record this trainer's end)."""
         while not self._stop_beating.wait(db.HEARTBEAT_SECONDS):
             try:
-                if not db.heartbeat(self.engine, self.run_id, self.claimant):
-                    self.lost = True
-                    return
+                status = db.heartbeat(self.engine, self.run_id, self.claimant)
             except Exception:  # noqa: BLE001 - a database hiccup: try again next beat (stale only after many)
-                continue
+                status = "running"
+            if status is None:
+                self.lost = True
+                return
+            if self.stop_reason is None:
+                if status == "cancelled":
+                    self.stop_reason = "cancelled"
+                elif self._runner_pid is not None and not db.pid_alive(self._runner_pid):
+                    self.stop_reason = "orphaned"
+                if self.stop_reason is not None:
+                    os.kill(os.getpid(), signal.SIGTERM)
 
     def close(self) -> None:
         self._stop_beating.set()
+
+    def cancelled(self) -> bool:
+        """Whether a user cancelled the run (told by a heartbeat, or its row says so now)."""
+        if self.stop_reason == "cancelled":
+            return True
+        if self.engine is None:
+            return False
+        try:
+            return db.get_run(self.engine, self.run_id).status == "cancelled"
+        except Exception:  # noqa: BLE001 - no database to ask: the run is resumable, not cancelled
+            return False
 
     def log(self, **point: Any) -> None:
         self.buffer.append(point)

@@ -141,8 +141,16 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
 
     # diverged: a non-finite loss, or one 4x worse than guessing uniformly over the vocabulary
     divergence_limit = 4.0 * math.log(prepared.vocab_size)
-    preempt = {"flag": False}
-    previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempt.update(flag=True)) if _main_thread() else None
+    preempt = {"flag": False, "training": False}
+
+    def on_sigterm(*_: Any) -> None:
+        """SIGTERM (a cancel, a stopped sweep, a worker shutting down): checkpoint at the next step; before
+        training began (warm-up, compile: minutes on a GPU) there is nothing to save, so stop at once."""
+        preempt["flag"] = True
+        if not preempt["training"]:
+            raise _Stopped()
+
+    previous_handler = signal.signal(signal.SIGTERM, on_sigterm) if _main_thread() else None
 
     def fraction() -> float:
         return bud.budget_fraction(kind, amount, clock.elapsed(), progress.step, progress.tokens, flops_per_token)
@@ -194,18 +202,25 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     if not resumed and settings.warmup_steps > 0:
         t0 = time.perf_counter()
         saved_rng = rng_state()
-        while True:
-            try:
-                for _ in range(settings.warmup_steps):
-                    one_step(0.0)
-                    check_memory(device, settings.memory_cap_mb)
-                break
-            except Exception as exc:  # noqa: BLE001 - OOM during warm-up is a result (or a reason to shrink)
-                if not is_oom(exc):
-                    raise
-                if not _shrink(trial, progress, optimizer, device):
-                    return _finish_oom(recorder, trial, progress, clock, device, exc, time.perf_counter() - t_start,
-                                       params)
+        try:
+            while True:
+                try:
+                    for _ in range(settings.warmup_steps):
+                        one_step(0.0)
+                        check_memory(device, settings.memory_cap_mb)
+                    break
+                except Exception as exc:  # noqa: BLE001 - OOM during warm-up is a result (or a reason to shrink)
+                    if not is_oom(exc):
+                        raise
+                    if not _shrink(trial, progress, optimizer, device):
+                        return _finish_oom(recorder, trial, progress, clock, device, exc, time.perf_counter() - t_start,
+                                           params)
+        except _Stopped:  # nothing trained yet: no checkpoint, the next attempt starts from step 0
+            if previous_handler is not None:
+                signal.signal(signal.SIGTERM, previous_handler)
+            return _finalize(recorder, _stopped_status(recorder), None, progress, clock, device, params,
+                             flops_per_token, device_name, None, None)
+        preempt["training"] = True  # from here a SIGTERM is seen at the next step, which checkpoints first
         sync()
         optimizer.state.clear()  # as built: no moments, step counts from 0
         optimizer.zero_grad(set_to_none=True)
@@ -233,6 +248,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     status = "completed"
     error: str | None = None
     bar = _progress_bar(settings.progress and dist_.is_main, trial)
+    preempt["training"] = True
 
     clock.start()
     try:
@@ -281,7 +297,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
                     recorder.flush()
                 progress.next_eval += 1
             # ---- checkpoint on a wall-time interval (clock paused)
-            if time.monotonic() - last_ckpt_wall >= settings.checkpoint_every:
+            if time.monotonic() - last_ckpt_wall >= bud.checkpoint_interval(settings.checkpoint_every, clock.elapsed(), f):
                 with clock.paused("checkpoint"):
                     _checkpoint(ckpt_path, model, optimizer, scaler, progress, clock, recorder, dist_,
                                 (interval_sum, interval_count), identity)
@@ -320,7 +336,8 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     if status == "preempted":
         _checkpoint(ckpt_path, model, optimizer, scaler, progress, clock, recorder, dist_,
                                 (interval_sum, interval_count), identity)
-        return _finalize(recorder, status, None, progress, clock, device, params, flops_per_token, device_name, None, None)
+        return _finalize(recorder, _stopped_status(recorder), None, progress, clock, device, params, flops_per_token,
+                         device_name, None, None)
     if status == "diverged":
         recorder.flush()
         return _finalize(recorder, status, error, progress, clock, device, params, flops_per_token, device_name, None, None)
@@ -399,6 +416,15 @@ def _shrink(trial: TrialConfig, progress: Progress, optimizer: Any, device: torc
     progress.notes.setdefault("oom_shrink", []).append(
         {"step": progress.step, "micro_batch": progress.micro_batch, "grad_accum": progress.grad_accum})
     return True
+
+
+class _Stopped(BaseException):
+    """SIGTERM before training began (not an Exception: no handler of errors catches it)."""
+
+
+def _stopped_status(recorder: Recorder) -> str:
+    """A stopped run is `cancelled` when a user cancelled it (its row says so), else `preempted` (resumable)."""
+    return "cancelled" if recorder.cancelled() else "preempted"
 
 
 class _null:
@@ -582,7 +608,8 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--config", help="a trial config as JSON (or @file.json); nothing is recorded without --run-id")
     p.add_argument("--db", default=None, help="results database URL (default: $ABLATE_DB_URL or results/ablate.db)")
     p.add_argument("--artifacts", default=os.environ.get("ABLATE_ARTIFACTS", "results/artifacts"))
-    p.add_argument("--checkpoint-every", type=float, default=600.0, help="seconds between checkpoints")
+    p.add_argument("--checkpoint-every", type=float, default=None,
+                   help="seconds between checkpoints (default: a tenth of the run's expected length, 30 s to 10 min)")
     p.add_argument("--memory-cap-mb", type=float, default=None, help="treat peak memory above this as OOM")
     p.add_argument("--no-resume", action="store_true")
     p.add_argument("--quiet", action="store_true")
