@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -47,6 +48,22 @@ def human_count(n: float | None) -> str:
 # ---------------------------------------------------------------- plan
 
 
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The spec overrides given on the command line (--budget, --source, --vocab-size, --name)."""
+    return {"budget": args.budget, "source": args.source, "vocab_size": args.vocab_size, "name": args.name}
+
+
+def _add_overrides(parser: argparse.ArgumentParser, merge: bool = True) -> None:
+    g = parser.add_argument_group("overrides (the sweep is then named after them, unless --name)")
+    g.add_argument("--budget", default=None, help="budget per trial: 10m (wall clock), steps=200, tokens=50M")
+    g.add_argument("--source", default=None, help="dataset.source: a local path or hub id")
+    g.add_argument("--vocab-size", type=int, default=None, help="train a BPE tokenizer of this size")
+    g.add_argument("--name", default=None, help="the sweep's name in the results DB")
+    if merge:
+        parser.add_argument("--merge", action="store_true",
+                            help="add the trials to a same-named sweep that holds results of other trials")
+
+
 def _param_counts(trial: Any) -> tuple[int, int]:
     """(total, inter-token) parameters from the family's closed-form formula (torch-free)."""
     from ablate import models
@@ -74,9 +91,10 @@ def objective_label(objective: str, options: dict | None) -> str:
 
 @command("plan")
 def cmd_plan(args: argparse.Namespace) -> int:
+    from ablate import runner
     from ablate.spec import describe_recipe, load_trials, reference_for
 
-    spec, trials = load_trials(args.spec, max_trials=args.max_trials)
+    spec, trials = load_trials(args.spec, max_trials=args.max_trials, overrides=_overrides(args))
     table = Table(title=f"sweep {spec.name}: {spec.description}".rstrip(": "), title_justify="left")
     show_objective = any(t.objective != "clm" for t in trials)
     for col in ("#", "fingerprint", "architecture", *(["objective"] if show_objective else []), "options", "d_model", "layers", "heads", "context", "lr",
@@ -112,6 +130,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             per_class[key] = spec.budget.amount * search.n_trials
     else:
         console.print(f"{len(trials)} trials; budget per trial: {spec.budget.describe()}")
+    try:  # a hub dataset that cannot load here (offline, unknown id): said now, though this machine may not run it
+        runner.check_sources(trials)
+    except AblateError as exc:
+        err_console.print(f"[yellow]warning:[/] {escape(str(exc))} `ablate sweep run` and the sweep flow check the data "
+                          "before any trial starts, and stop with this message where it cannot load")
     recipes = list(dict.fromkeys(describe_recipe(t) for t in trials))
     for text in recipes[:5]:  # a grid over lr or betas has as many recipes as values; the first few say enough
         console.print(f"recipe {spec.recipe}: {text}", highlight=False)
@@ -231,7 +254,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from ablate import db, runner
 
     if args.sweep_command == "register":
-        spec, sweep_id, ids = runner.register(args.spec, args.db, max_trials=args.max_trials, say=console.print)
+        spec, sweep_id, ids = runner.register(args.spec, args.db, max_trials=args.max_trials, say=console.print,
+                                              overrides=_overrides(args), merge=args.merge)
         console.print(f"sweep {spec.name} (id {sweep_id}): {len(ids)} runs registered")
         return 0
     if args.sweep_command == "run":
@@ -244,8 +268,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             console.print(runs_table(rows, title=f"sweep {args.name}", limit=None if args.all else STATUS_ROWS))
         return 0
     if args.sweep_command == "cancel":
-        pending, signalled = runner.cancel(db.connect(args.db), args.name)
-        console.print(f"sweep {args.name}: {pending} waiting runs cancelled, {signalled} running trainers stopped")
+        waiting, stopping, left = runner.cancel(db.connect(args.db), args.name)
+        console.print(f"sweep {args.name}: {waiting} waiting runs cancelled, {stopping} running runs cancelled "
+                      f"(their trainers checkpoint and stop, on any host)")
+        if left:
+            err_console.print(f"{left} trainer(s) still running after 60 s (a checkpoint in progress, or a host that "
+                              f"cannot reach the database); `ablate sweep status {args.name}` shows them")
+            return 1
         return 0
     raise AssertionError(args.sweep_command)
 
@@ -264,8 +293,23 @@ def _progress(r: Any) -> str:
 
 
 def _reason(r: Any) -> str:
-    """The first line of a run's error (why it failed, oom'd or was stopped)."""
+    """The first line of a run's error (why it failed, oom'd or was stopped), or why a `running` row is stale."""
+    if r.status == "running" and _stale(r):
+        beat = f"{(_utcnow() - r.heartbeat_at).total_seconds():.0f} s ago" if r.heartbeat_at else "never"
+        return f"stale: its trainer last beat {beat} (machine or process gone); the next runner takes it over"
     return (r.error or "").strip().splitlines()[0][:120] if (r.error or "").strip() else ""
+
+
+def _stale(r: Any) -> bool:
+    from ablate import db
+
+    return hasattr(r, "heartbeat_at") and not db.is_live(r)
+
+
+def _utcnow() -> Any:
+    from ablate import db
+
+    return db.utcnow()
 
 
 def _status_cells(r: Any) -> dict[str, Any]:
@@ -342,22 +386,27 @@ def _sweep_run(args: argparse.Namespace) -> int:
     import os
     import signal
     import threading
+    from pathlib import Path
 
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the live table is the display
+    # the live table is the display (failed trials and their reasons are in it: no Prefect tracebacks over it)
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "CRITICAL")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from a lab machine
     os.environ.setdefault("DO_NOT_TRACK", "1")  # nor from the client, whose first-run notice would print over the table
     # the local API is a subprocess that must start within this; Prefect's 20 s expired on a loaded host
     os.environ.setdefault(PREFECT_START_TIMEOUT, str(PREFECT_START_SECONDS))
     from ablate import db, runner
 
-    # errors before any Prefect start-up
-    spec, _, ids = runner.register(args.spec, args.db, max_trials=args.max_trials, say=console.print)
+    # errors before any Prefect start-up: the spec, then its data (built once here, before any trial starts)
+    overrides = _overrides(args)
+    spec, _, ids = runner.register(args.spec, args.db, max_trials=args.max_trials, say=err_console.print,
+                                   overrides=overrides, merge=args.merge, artifacts=Path(args.artifacts))
     engine = db.connect(args.db)
     os.environ["ABLATE_DB_URL"] = db.resolve_url(args.db)  # for the flow and its trainers, which get db_url=None
     # measured now, before the local Prefect server starts (it would count as another job)
     threads = args.threads or runner.default_threads(max(1, args.gpu_slots // spec.budget.gpus), spec.budget.gpus)
     console.print(f"sweep {spec.name}: {len(ids)} trials, {spec.budget.describe()} each, {threads} thread(s) per "
                   f"trainer; results in {db._describe(str(engine.url))}")
+    from flows.sweep import TrialsFailed
     from flows.sweep import sweep as sweep_flow
 
     done = threading.Event()
@@ -372,10 +421,15 @@ def _sweep_run(args: argparse.Namespace) -> int:
     def work() -> None:
         try:
             # the URL goes by environment, not as a flow parameter (Prefect stores those in plain text)
-            result["statuses"] = sweep_flow(spec=str(args.spec), db_url=None, artifacts=str(args.artifacts),
-                                            gpu_slots=args.gpu_slots, retry_failed=args.retry_failed,
-                                            checkpoint_every=args.checkpoint_every, memory_cap_mb=args.memory_cap_mb,
-                                            threads=threads)
+            state = sweep_flow(spec=str(args.spec), db_url=None, artifacts=str(args.artifacts),
+                               gpu_slots=args.gpu_slots, retry_failed=args.retry_failed,
+                               checkpoint_every=args.checkpoint_every, memory_cap_mb=args.memory_cap_mb,
+                               threads=threads, merge=args.merge, return_state=True,
+                               **{k: v for k, v in overrides.items() if v is not None})
+            if state.is_failed():  # failed trials are counted below, from the DB; anything else is an error
+                outcome = state.result(raise_on_failure=False)
+                if isinstance(outcome, BaseException) and not isinstance(outcome, TrialsFailed):
+                    raise outcome
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             result["error"] = exc
         finally:
@@ -540,6 +594,62 @@ def cmd_retrieval(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("worker")
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Prefect workers for a work pool on this machine: one per group of --gpus-per-trial GPUs, each running at
+    most one trial at a time on its own CUDA_VISIBLE_DEVICES (no two trials share a GPU); on a machine without
+    GPUs, one worker running --slots trials at once. Stops them all on Ctrl-C / SIGTERM."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    from ablate import runner
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    count = runner.visible_gpus()
+    ids = [d.strip() for d in visible.split(",")][:count] if visible is not None else [str(i) for i in range(count)]
+    per = args.gpus_per_trial
+    groups: list[list[str] | None] = [ids[i:i + per] for i in range(0, len(ids) - per + 1, per)]
+    if ids and not groups:
+        raise AblateError(f"--gpus-per-trial {per}: this machine shows only {len(ids)} GPU(s) ({','.join(ids)})")
+    limit = 1 if groups else args.slots
+    groups = groups or [None]
+    host = socket.gethostname()
+    procs = []
+    for group in groups:
+        env = dict(os.environ)
+        label = "cpu"
+        if group is not None:
+            env["CUDA_VISIBLE_DEVICES"] = label = ",".join(group)
+        cmd = ["prefect", "worker", "start", "--pool", args.pool, "--type", "process", "--limit", str(limit),
+               "--name", f"{host}-{args.pool}-{label.replace(',', '+')}-{os.getpid()}"]
+        console.print(f"worker on pool {args.pool}: {'GPUs ' + label if group else 'no GPU'}, at most {limit} trial(s) "
+                      f"at once: {' '.join(cmd)}")
+        procs.append(subprocess.Popen(cmd, env=env))
+
+    told = {"stop": False}
+
+    def stop(*_: Any) -> None:
+        told["stop"] = True
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while not told["stop"] and all(p.poll() is None for p in procs):
+            time.sleep(1)
+    except KeyboardInterrupt:
+        told["stop"] = True
+    ended = next((p for p in procs if p.poll() is not None), None)
+    stop()  # one worker ended (or we were told to stop): end the others, so a restart policy restarts them all
+    for p in procs:
+        p.wait()
+    return 0 if ended is None else abs(ended.returncode or 0)
+
+
 @command("deploy")
 def cmd_deploy(args: argparse.Namespace) -> int:
     """Register Prefect deployments on the server at PREFECT_API_URL."""
@@ -579,6 +689,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("spec", help="sweep file, e.g. sweeps/tinystories-widths.yaml")
     s.add_argument("--max-trials", type=int, default=10_000, help="refuse grids larger than this (default 10,000)")
     s.add_argument("--all", action="store_true", help="list every trial (default: the first 200, the rest counted)")
+    _add_overrides(s, merge=False)
+
+    s = sub.add_parser("worker", parents=[common], help="Prefect workers for a pool here: one trial per GPU")
+    s.add_argument("--pool", required=True, help="the work pool: the hardware class of the sweeps (rtx3060, v100, cpu)")
+    s.add_argument("--gpus-per-trial", type=int, default=int(os.environ.get("ABLATE_GPUS_PER_TRIAL", "1")),
+                   help="GPUs each trial gets (the sweeps' budget.gpus; default $ABLATE_GPUS_PER_TRIAL or 1)")
+    s.add_argument("--slots", type=int, default=1, help="without GPUs: trials at once (default 1)")
 
     s = sub.add_parser("sql", parents=[common], help="read-only SQL over the results database")
     s.add_argument("query", help='e.g. "SELECT architecture, d_model, final_eval_loss FROM runs"')
@@ -596,16 +713,19 @@ def build_parser() -> argparse.ArgumentParser:
     r = ssub.add_parser("register", parents=[common], help="validate a sweep file and register its pending runs")
     r.add_argument("spec")
     r.add_argument("--max-trials", type=int, default=10_000)
+    _add_overrides(r)
     r = ssub.add_parser("run", parents=[common], help="run every unfinished trial of a sweep here (local Prefect)")
     r.add_argument("spec")
     r.add_argument("--max-trials", type=int, default=10_000)
     r.add_argument("--gpu-slots", type=int, default=None, help="trials at once (default: GPUs visible, 1 on CPU)")
     r.add_argument("--retry-failed", action="store_true", help="also re-run cancelled runs and failed runs past 3 attempts")
     r.add_argument("--artifacts", default="results/artifacts", help="token caches, tokenizers, checkpoints, logs")
-    r.add_argument("--checkpoint-every", type=float, default=600.0, help="seconds between checkpoints")
+    r.add_argument("--checkpoint-every", type=float, default=None,
+                   help="seconds between checkpoints (default: a tenth of the budget, 30 s to 10 min)")
     r.add_argument("--memory-cap-mb", type=float, default=None, help="treat peak memory above this as OOM")
     r.add_argument("--threads", type=int, default=None,
                    help="torch threads per trainer (default: the cores other jobs leave free / trials at once)")
+    _add_overrides(r)
     r = ssub.add_parser("status", parents=[common], help="table of a sweep's runs")
     r.add_argument("name")
     r.add_argument("--all", action="store_true", help=f"every run (default: at most {STATUS_ROWS}, the rest counted)")
@@ -623,7 +743,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=None, help="sampler seed (default: from the spec name)")
     r.add_argument("--threads", type=int, default=None, help="torch threads per trainer (default: free cores / workers)")
     r.add_argument("--artifacts", default="results/artifacts", help="token caches, tokenizers, checkpoints, logs")
-    r.add_argument("--checkpoint-every", type=float, default=600.0, help="seconds between checkpoints")
+    r.add_argument("--checkpoint-every", type=float, default=None,
+                   help="seconds between checkpoints (default: a tenth of the budget, 30 s to 10 min)")
     r.add_argument("--memory-cap-mb", type=float, default=None, help="treat peak memory above this as OOM")
     r = ssub.add_parser("report", parents=[common], help="best trial, importances, history and slice plots (PNG)")
     r.add_argument("name", help="study name (the spec's `name`)")

@@ -25,7 +25,7 @@ import torch
 from filelock import FileLock
 
 from ablate.errors import AblateError, did_you_mean
-from ablate.spec import DatasetRef, TokenizerRef, fingerprint
+from ablate.spec import DatasetRef, TokenizerRef, fingerprint, is_local_source
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,7 @@ def embedded_text(source: str, cache: Path | None = None) -> str:
     return data.decode("utf-8")
 
 
-def _is_local(source: str) -> bool:
-    return source.startswith(("/", ".", "~", "ablate:")) or os.path.exists(source) or any(c in source for c in "*?[")
+_is_local = is_local_source
 
 
 def _local_files(source: str) -> list[Path]:
@@ -135,11 +134,29 @@ def _text_documents(text: str, fmt: str) -> list[str]:
 
 
 def _hub_error(ref: DatasetRef, exc: Exception) -> AblateError:
+    from huggingface_hub import is_offline_mode
+
+    why = ("HF_HUB_OFFLINE is set and this machine has no cached copy" if is_offline_mode() else
+           f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
     return AblateError(
-        f"dataset.source: cannot load {ref.source!r} from the HuggingFace hub ({type(exc).__name__}: "
-        f"{str(exc).splitlines()[0][:200] if str(exc) else ''}). With no network access to the hub, download it "
-        "elsewhere (datasets' save_to_disk, or the raw files) and point dataset.source at that local path; or run online."
+        f"dataset.source: cannot load {ref.source!r} from the HuggingFace hub ({why}). With no network access to the "
+        "hub, download it elsewhere (datasets' save_to_disk, or the raw files) and point dataset.source at that local "
+        "path; or run online."
     )
+
+
+def check_source(ref: DatasetRef) -> None:
+    """A cheap check that a hub dataset can be loaded here (its metadata, from the hub or the local cache; offline
+    without a cached copy fails at once), without downloading it. Local and embedded sources are checked when
+    the spec is read."""
+    if not ref.from_hub:
+        return
+    import datasets
+
+    try:
+        datasets.load_dataset_builder(ref.source, ref.config)
+    except Exception as exc:  # noqa: BLE001 - offline, unknown id, auth: all need the user's action
+        raise _hub_error(ref, exc) from None
 
 
 def _read_text(path: Path) -> str:

@@ -8,6 +8,7 @@ brings a database to the current revision under a lock, so concurrent processes 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import re
@@ -495,16 +496,19 @@ def code_version() -> str | None:
         return None
 
 
-def register_sweep(engine: sa.Engine, spec: Any, trials: Iterable[Any], spec_path: str | None = None) -> tuple[int, list[int]]:
+def register_sweep(engine: sa.Engine, spec: Any, trials: Iterable[Any], spec_path: str | None = None,
+                   merge: bool = False) -> tuple[int, list[int]]:
     """Insert (or update) the sweep and one pending run per new trial fingerprint, atomically.
 
     Idempotent: trials already registered keep their row and status. Returns (sweep id, run ids in trial order).
     Processes registering the same sweep at the same moment all succeed (the loser of a race retries).
+    A spec that would leave results (finished or running runs) of trials it no longer has under its name (a
+    modified copy, or an edit of a sweep that has results) is refused unless `merge`: one name, one experiment.
     """
     trials = list(trials)
     for attempt in range(5):
         try:
-            return _register_once(engine, spec, trials, spec_path)
+            return _register_once(engine, spec, trials, spec_path, merge)
         except sa.exc.IntegrityError:  # another process inserted the sweep or a run first: read theirs
             if attempt == 4:
                 raise
@@ -512,7 +516,8 @@ def register_sweep(engine: sa.Engine, spec: Any, trials: Iterable[Any], spec_pat
     raise AssertionError("unreachable")
 
 
-def _register_once(engine: sa.Engine, spec: Any, trials: list[Any], spec_path: str | None) -> tuple[int, list[int]]:
+def _register_once(engine: sa.Engine, spec: Any, trials: list[Any], spec_path: str | None,
+                   merge: bool = False) -> tuple[int, list[int]]:
     from ablate.spec import trial_fingerprint
 
     versions = library_versions()
@@ -524,6 +529,8 @@ def _register_once(engine: sa.Engine, spec: Any, trials: list[Any], spec_path: s
         if sweep is None:
             sweep = Sweep(name=spec.name)
             session.add(sweep)
+        elif not merge and spec.search is None and sweep.spec_fingerprint != spec.fingerprint():
+            _refuse_mixing(session, sweep, trials, set(fps), spec_path)
         sweep.description = spec.description
         sweep.spec = spec.model_dump(mode="json")
         sweep.spec_fingerprint = spec.fingerprint()
@@ -541,6 +548,36 @@ def _register_once(engine: sa.Engine, spec: Any, trials: list[Any], spec_path: s
     if len(rows) >= 1000 and engine.dialect.name == "sqlite":
         analyze(engine)  # PostgreSQL's autovacuum does this by itself
     return sweep.id, [ids[fp] for fp in fps]
+
+
+CELL_COLUMNS = ("architecture", "objective", "d_model", "layers", "heads", "context", "lr", "batch_size", "seed")
+
+
+def _cell(values: Any) -> tuple[Any, ...]:
+    """The table cell a run fills: its axis columns (an object with those attributes)."""
+    return (*(getattr(values, c) for c in CELL_COLUMNS), json.dumps(dict(values.options or {}), sort_keys=True))
+
+
+def _refuse_mixing(session: Session, sweep: Sweep, trials: list[Any], fps: set[str], spec_path: str | None) -> None:
+    """An AblateError when the sweep holds results (finished or running runs) of other trials in the same cells as
+    `trials`: the same axes with another budget, dataset, tokenizer or recipe. Reports would pick either.
+    Removing or adding cells (an edited grid) is fine: the results of removed cells stay as results."""
+    cells = {_cell(t): t for t in trials}
+    clashes: dict[str, int] = {}
+    for run in session.execute(sa.select(Run.fingerprint, Run.status, Run.options, *(getattr(Run, c) for c in CELL_COLUMNS))
+                               .where(Run.sweep_id == sweep.id, Run.study_name.is_(None),
+                                      Run.status.not_in(OWED_UNSTARTED))):
+        if run.fingerprint not in fps and _cell(run) in cells:
+            clashes[run.status] = clashes.get(run.status, 0) + 1
+    if clashes:
+        counts = ", ".join(f"{n} {status}" for status, n in sorted(clashes.items()))
+        where = f" (registered from {sweep.spec_path})" if sweep.spec_path and sweep.spec_path != spec_path else ""
+        raise AblateError(
+            f"sweep {sweep.name!r} already holds results for the same cells with other settings ({counts}){where}: "
+            f"{spec_path or 'this spec'} changes something besides the grid axes (budget, dataset, tokenizer, "
+            "recipe ...), and registering it would mix two experiments under one name, so reports would pick cells "
+            "from either. Give this spec another `name:` (a deployment run: --param name=NEW, or an override, which "
+            "names the sweep after itself), or add --merge (flow parameter merge=true) to add its trials on purpose")
 
 
 def analyze(engine: sa.Engine) -> None:
@@ -591,8 +628,10 @@ def update_run(engine: sa.Engine, run_id: int, claimant: str | None = None, **fi
 
 # ---------------------------------------------------------------- claims: exactly one trainer per run
 
-HEARTBEAT_SECONDS = 10.0  # how often a claimant says it is alive
-STALE_SECONDS = 90.0  # a `running` row silent this long belongs to a dead process (any host): it is owed again
+# how often a claimant says it is alive, and how long a silent `running` row takes to count as a dead process's (any
+# host): it is owed again. ABLATE_HEARTBEAT_SECONDS / ABLATE_STALE_SECONDS change them (every host must agree).
+HEARTBEAT_SECONDS = float(os.environ.get("ABLATE_HEARTBEAT_SECONDS", "10"))
+STALE_SECONDS = float(os.environ.get("ABLATE_STALE_SECONDS", "90"))
 
 
 def new_claimant() -> str:
@@ -655,9 +694,14 @@ def claim_run(engine: sa.Engine, run_id: int, claimant: str, statuses: Iterable[
     return won == 1
 
 
-def heartbeat(engine: sa.Engine, run_id: int, claimant: str) -> bool:
-    """Say the claimant is alive; False when the claim was lost (another process took the run as stale)."""
-    return update_run(engine, run_id, claimant=claimant, heartbeat_at=utcnow())
+def heartbeat(engine: sa.Engine, run_id: int, claimant: str) -> str | None:
+    """Say the claimant is alive; the run's status (`cancelled` when a user cancelled it meanwhile, from any
+    host), or None when the claim was lost (another process took the run as stale)."""
+    with engine.begin() as conn:
+        if conn.execute(sa.update(Run).where(Run.id == run_id, Run.claimed_by == claimant)
+                        .values(heartbeat_at=utcnow())).rowcount != 1:
+            return None
+        return conn.execute(sa.select(Run.status).where(Run.id == run_id)).scalar()
 
 
 def write_metrics(engine: sa.Engine, run_id: int, rows: list[dict[str, Any]]) -> int:

@@ -5,6 +5,8 @@ Plain functions, usable from the CLI, a notebook or a test; `flows/` wraps them 
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import os
 import signal
 import socket
@@ -33,7 +35,7 @@ class RunOptions:
 
     db_url: str | None = None
     artifacts: Path = Path("results/artifacts")
-    checkpoint_every: float = 600.0
+    checkpoint_every: float | None = None  # None: the trainer's default, proportional to the budget
     memory_cap_mb: float | None = None
     gpu_ids: tuple[int, ...] | None = None  # CUDA_VISIBLE_DEVICES for this trial; None: inherit
     quiet: bool = True
@@ -113,8 +115,9 @@ def default_threads(concurrent: int, processes_per_trial: int = 1) -> int:
 def trainer_command(trial: TrialConfig, run_id: int, opts: RunOptions) -> list[str]:
     """`python -m ablate.train`, or torchrun with one process per GPU when the budget names several.
     The database URL travels in the environment (ABLATE_DB_URL), never in argv where `ps` shows its password."""
-    args = ["-m", "ablate.train", "--run-id", str(run_id), "--artifacts", str(opts.artifacts),
-            "--checkpoint-every", str(opts.checkpoint_every)]
+    args = ["-m", "ablate.train", "--run-id", str(run_id), "--artifacts", str(opts.artifacts)]
+    if opts.checkpoint_every:
+        args += ["--checkpoint-every", str(opts.checkpoint_every)]
     if opts.memory_cap_mb:
         args += ["--memory-cap-mb", str(opts.memory_cap_mb)]
     if opts.quiet:
@@ -156,8 +159,9 @@ def run_trial(run_id: int, opts: RunOptions, should_stop: Callable[[], bool] | N
     log_dir = opts.artifacts / "logs" / db.database_id(engine)[:16]  # run ids restart in every database
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"run-{run_id}.log"
+    # ABLATE_RUNNER_PID: a trainer whose runner is gone (its flow run cancelled or killed) checkpoints and stops
     env = {**os.environ, **opts.extra_env, "PYTHONUNBUFFERED": "1", "ABLATE_CLAIMANT": claimant,
-           "ABLATE_DB_URL": db.resolve_url(opts.db_url)}
+           "ABLATE_DB_URL": db.resolve_url(opts.db_url), "ABLATE_RUNNER_PID": str(os.getpid())}
     if opts.threads:  # also the OpenMP pool that torch and the tokenizer libraries start
         env["OMP_NUM_THREADS"] = str(opts.threads)
     if opts.gpu_ids is not None:
@@ -247,21 +251,69 @@ def runs_to_do(engine: sa.Engine, sweep_id: int, run_ids: list[int], retry_faile
     return todo
 
 
-def register(spec_path: str | Path, db_url: str | None = None, max_trials: int = 10_000,
-             say: Callable[[str], None] | None = None) -> tuple[Any, int, list[int]]:
-    """Validate and register a sweep: (spec, sweep id, run ids in trial order). Invalid specs write nothing.
+def uncancel(engine: sa.Engine, run_ids: list[int]) -> int:
+    """Cancelled runs among `run_ids` become pending again (a sweep run with --retry-failed); how many."""
+    with engine.begin() as conn:
+        return conn.execute(sa.update(db.Run).where(db.Run.id.in_(run_ids), db.Run.status == "cancelled")
+                            .values(status="pending")).rowcount
 
-    Runs that an edit of the spec removed and that hold no result (pending, failed, cancelled, preempted)
-    are dropped, so the sweep owes only its current trials; finished runs stay as results.
+
+def register(spec_path: str | Path, db_url: str | None = None, max_trials: int = 10_000,
+             say: Callable[[str], None] | None = None, overrides: dict[str, Any] | None = None, merge: bool = False,
+             artifacts: Path | None = None) -> tuple[Any, int, list[int]]:
+    """Validate and register a sweep: (spec, sweep id, run ids in trial order). Invalid specs write nothing;
+    with `artifacts`, neither does a sweep whose data cannot be prepared (`prepare_data` runs first).
+
+    `overrides`: see `spec.apply_overrides`. Runs that an edit of the spec removed and that hold no result
+    (pending, failed, cancelled, preempted) are dropped, so the sweep owes only its current trials; a spec
+    that would leave results of other trials under its name is refused unless `merge` (db.register_sweep).
     """
-    spec, trials = load_trials(spec_path, max_trials=max_trials)
+    spec, trials = load_trials(spec_path, max_trials=max_trials, overrides=overrides)
     engine = db.connect(db_url)
-    sweep_id, ids = db.register_sweep(engine, spec, trials, spec_path=str(spec_path))
+    if artifacts is not None:
+        prepare_data(trials, artifacts, say=say)
+    sweep_id, ids = db.register_sweep(engine, spec, trials, spec_path=str(spec_path), merge=merge)
     if spec.search is None:
         dropped = db.drop_stale_runs(engine, sweep_id, set(ids))
         if dropped and say is not None:
             say(f"sweep {spec.name}: dropped {dropped} unfinished run(s) whose trial is no longer in {spec_path}")
     return spec, sweep_id, ids
+
+
+def distinct_data(trials: list[TrialConfig]) -> list[TrialConfig]:
+    """One trial per (dataset, tokenizer, context) that the trials train on (memory probes read no data)."""
+    seen: dict[str, TrialConfig] = {}
+    for t in trials:
+        if t.mode != "memory_probe":
+            key = json.dumps([t.dataset.model_dump(mode="json"), t.tokenizer.model_dump(mode="json"), t.context],
+                             sort_keys=True)
+            seen.setdefault(key, t)
+    return list(seen.values())
+
+
+def check_sources(trials: list[TrialConfig]) -> None:
+    """Each hub dataset of the trials resolves here (cheap: metadata only); `ablate plan` runs this."""
+    hub = {t.dataset.model_dump_json(): t.dataset for t in distinct_data(trials) if t.dataset.from_hub}
+    if hub:
+        from ablate import data  # torch comes with it: only when there is a hub dataset to check
+
+        for source in hub.values():
+            data.check_source(source)
+
+
+def prepare_data(trials: list[TrialConfig], artifacts: Path, say: Callable[[str], None] | None = None,
+                 progress: bool = True) -> None:
+    """Build the sweep's token caches (download, tokenizer, packing) once, before any trial is dispatched: a
+    dataset that cannot load, a vocabulary the corpus cannot support or a missing file fails here with one
+    message, instead of in every trial. Trials then read the caches (on a cluster, from the shared artifacts)."""
+    from ablate import data
+
+    todo = distinct_data(trials)
+    for k, t in enumerate(todo, 1):
+        if say is not None:
+            say(f"data {k}/{len(todo)}: {t.dataset.source} ({t.tokenizer.name or f'BPE {t.tokenizer.vocab_size}'}, "
+                f"context {t.context})")
+        data.prepare(t.dataset, t.tokenizer, t.context, artifacts, progress=progress)
 
 
 def sweep_id(engine: sa.Engine, name: str) -> int:
@@ -288,7 +340,7 @@ def sweep_runs(engine: sa.Engine, name: str) -> list[db.Run]:
 STATUS_COLUMNS = ("id", "trial_index", "architecture", "options", "d_model", "layers", "heads", "lr", "batch_size",
                   "status", "budget_kind", "budget_amount", "train_seconds", "steps", "final_train_loss",
                   "final_eval_loss", "last_step", "last_elapsed_seconds", "last_train_loss", "last_eval_loss",
-                  "finished_at", "error")
+                  "finished_at", "error", "heartbeat_at", "claimed_by", "pid")
 
 
 def status_rows(engine: sa.Engine, name: str) -> list[sa.Row]:
@@ -307,22 +359,43 @@ def status_counts(engine: sa.Engine, name: str) -> dict[str, int]:
                                  .group_by(db.Run.status).order_by(db.Run.status)).all())
 
 
-def cancel(engine: sa.Engine, name: str) -> tuple[int, int]:
-    """Waiting runs become `cancelled` (in one conditional UPDATE: a run a runner claims at that moment trains);
-    running trainers on this host get SIGTERM (they checkpoint first)."""
+def cancel(engine: sa.Engine, name: str, wait: float = 60.0) -> tuple[int, int, int]:
+    """Cancel a sweep on every host: its waiting and running runs become `cancelled` in one UPDATE. A trainer
+    reads its row at each heartbeat (HEARTBEAT_SECONDS), checkpoints and stops, on whatever host it runs;
+    trainers on this host also get SIGTERM now. The sweep flow, seeing the rows, cancels its trial flow runs.
+    Waits up to `wait` seconds for the trainers to end. Returns (waiting runs cancelled, running runs
+    cancelled, trainers still running after the wait)."""
     runs = sweep_runs(engine, name)
+    running = [r for r in runs if r.status == "running"]
     with engine.begin() as conn:
-        pending = conn.execute(sa.update(db.Run).where(
+        waiting = conn.execute(sa.update(db.Run).where(
             db.Run.id.in_([r.id for r in runs]), db.Run.status.in_(("pending", "preempted", "failed")),
         ).values(status="cancelled")).rowcount
-    signalled = 0
+        stopping = conn.execute(sa.update(db.Run).where(
+            db.Run.id.in_([r.id for r in running]), db.Run.status == "running").values(status="cancelled")).rowcount
     here = socket.gethostname()
-    for run in runs:
-        if run.status == "running" and run.host == here and pid_alive(run.pid):
-            os.killpg(run.pid, signal.SIGTERM)
-            signalled += 1
-            deadline = time.monotonic() + 60
-            while pid_alive(run.pid) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            db.update_run(engine, run.id, status="cancelled", pid=None)
-    return pending, signalled
+    for run in running:
+        if run.host == here and pid_alive(run.pid):
+            try:
+                os.killpg(run.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + wait
+    while True:
+        left = _trainers_left(engine, [r.id for r in running])
+        if not left or time.monotonic() >= deadline:
+            return waiting, stopping, len(left)
+        time.sleep(0.5)
+
+
+def _trainers_left(engine: sa.Engine, run_ids: list[int]) -> list[int]:
+    """Runs among `run_ids` whose trainer still runs: a live pid here, or a fresh heartbeat from another host."""
+    if not run_ids:
+        return []
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(db.Run.id, db.Run.host, db.Run.pid, db.Run.heartbeat_at, db.Run.claimed_by)
+                            .where(db.Run.id.in_(run_ids))).all()
+    here = socket.gethostname()
+    fresh = db.utcnow() - dt.timedelta(seconds=2 * db.HEARTBEAT_SECONDS)
+    return [r.id for r in rows if r.pid and (pid_alive(r.pid) if r.host == here else
+                                            (r.heartbeat_at is not None and r.heartbeat_at >= fresh))]

@@ -229,6 +229,11 @@ class EvalSplit(Frozen):
         return self
 
 
+def is_local_source(source: str) -> bool:
+    """Whether a dataset source names local files or an embedded corpus (else: a hub id)."""
+    return source.startswith(("/", ".", "~", "ablate:")) or os.path.exists(source) or any(c in source for c in "*?[")
+
+
 class DatasetRef(LaterFields):
     """A corpus: a hub id (with config and split), or local files (text, jsonl, parquet, arrow, a saved dataset)."""
 
@@ -244,6 +249,11 @@ class DatasetRef(LaterFields):
     packing: Literal["pad", "concat"] = "pad"
     # a column of integer class labels (0 .. classes-1), one per document: for objective: classification
     label_field: str | None = None
+
+    @property
+    def from_hub(self) -> bool:
+        """Whether this corpus is read from the HuggingFace hub (not a local path or an embedded corpus)."""
+        return self.format == "hub" or (self.format == "auto" and not is_local_source(self.source))
 
     @model_validator(mode="after")
     def _one_document_per_label(self) -> DatasetRef:
@@ -1027,9 +1037,68 @@ def _field_named_by(message: str) -> str:
     return ""
 
 
-def load_trials(path: str | Path, max_trials: int = MAX_TRIALS) -> tuple[SweepSpec, list[TrialConfig]]:
-    spec = load_spec(path)
+def load_trials(path: str | Path, max_trials: int = MAX_TRIALS,
+                overrides: dict[str, Any] | None = None) -> tuple[SweepSpec, list[TrialConfig]]:
+    """The sweep file's spec and trials, with `overrides` (see `apply_overrides`) applied first."""
+    overrides = {k: v for k, v in (overrides or {}).items() if v not in (None, "")}
+    spec = load_spec(path) if not overrides else override_spec(path, overrides)
     return spec, expand_grid(spec, source=str(path), max_trials=max_trials)
+
+
+OVERRIDES = ("budget", "source", "vocab_size", "name")  # what a deployment run may change without editing the file
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9_-]+", "-", text.lower()).strip("-")[:40] or "x"
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A sweep file's contents with `overrides` applied: `budget` ("10m" wall clock, or "steps=200",
+    "tokens=50M", "flops=1e15"; hardware and gpus stay), `source` (dataset.source), `vocab_size` (train a BPE of
+    that size), `name`. Other trials are another experiment: without a `name`, the sweep is named after the
+    changes (smoke-budget-10m), so it never mixes with the file's own sweep."""
+    unknown = sorted(k for k, v in overrides.items() if v is not None and k not in OVERRIDES)
+    if unknown:
+        raise SpecError([f"override {k!r}: not one of {', '.join(OVERRIDES)}{did_you_mean(k, OVERRIDES)}"
+                         for k in unknown], "<overrides>")
+    data = dict(data)
+    suffix = []
+    budget = overrides.get("budget")
+    if budget is not None:
+        kind, _, amount = str(budget).strip().rpartition("=")
+        kind = kind.strip() or "wall_clock"
+        if kind not in ("wall_clock", "tokens", "steps", "flops"):
+            raise SpecError([f"override budget {budget!r}: the kind must be wall_clock, tokens, steps or flops, e.g. "
+                             "budget=10m or budget=steps=200"], "<overrides>")
+        kept = {k: v for k, v in (data.get("budget") or {}).items() if k in ("hardware", "gpus")}
+        value: Any = int(amount) if kind == "steps" and amount.strip().isdigit() else amount.strip()
+        data["budget"] = {**kept, kind: value}
+        suffix.append(f"budget-{'' if kind == 'wall_clock' else kind + '-'}{_slug(amount)}")
+    source = overrides.get("source")
+    if source is not None:
+        data["dataset"] = {**(data.get("dataset") or {}), "source": str(source)}
+        suffix.append(f"data-{_slug(Path(str(source)).name.split('.')[0])}")
+    vocab = overrides.get("vocab_size")
+    if vocab is not None:
+        tokenizer = {k: v for k, v in (data.get("tokenizer") or {}).items() if k != "name"}
+        data["tokenizer"] = {**tokenizer, "vocab_size": vocab}
+        suffix.append(f"vocab-{_slug(str(vocab))}")
+    if overrides.get("name"):
+        data["name"] = overrides["name"]
+    elif suffix and isinstance(data.get("name"), str):
+        data["name"] = "-".join([data["name"], *suffix])
+    return data
+
+
+def override_spec(path: str | Path, overrides: dict[str, Any]) -> SweepSpec:
+    """`load_spec` with `apply_overrides`: the same checks, on the changed contents."""
+    from ablate.specfile import read_yaml
+
+    path = Path(path)
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        return parse_spec(data, source=str(path), base_dir=path.parent)  # its own error
+    return parse_spec(apply_overrides(data, overrides), source=f"{path} with {overrides}", base_dir=path.parent)
 
 
 def reference_for(spec: SweepSpec, trial: TrialConfig) -> Reference | None:

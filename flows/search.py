@@ -16,7 +16,7 @@ from ablate import runner
 
 @flow(name="search", log_prints=True)
 def search(spec: str, db_url: str | None = None, artifacts: str = "results/artifacts", workers: int = 1,
-           n_trials: int | None = None, seed: int | None = None, checkpoint_every: float = 600.0,
+           n_trials: int | None = None, seed: int | None = None, checkpoint_every: float | None = None,
            memory_cap_mb: float | None = None, poll_seconds: float = 1.0) -> dict[int, str]:
     """Ask, train and tell trials until the study holds n_trials; returns {Optuna trial number: run status} of this run."""
     log = get_run_logger()

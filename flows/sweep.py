@@ -1,93 +1,137 @@
-"""Flow `sweep(spec)`: register the spec's runs and dispatch one flow `trial(run_id)` per run still owed.
+"""Flow `sweep(spec)`: check the sweep's data, register its runs and dispatch one flow `trial(run_id)` per run
+still owed.
 
 Locally the trials run as nested flow runs, one per GPU slot at a time (sequential on CPU); on a
 cluster (`use_deployments=True`) each goes to the `trial/<hardware>` deployment of the spec's work
-pool through `run_deployment`, and the pool's concurrency limit is the number of GPU slots.
+pool (see `flows/dispatch.py`: dead machines, cancels, pools without a worker).
+
+Prefect states say what happened: a trial flow whose run failed ends Failed with the reason, a cancelled one
+Cancelled; `oom` and `diverged` are results (the study's OOM cells), so their trial flows end Completed with
+the status as their result. The sweep flow ends Failed when any of its trials failed (so `prefect deployment
+run --watch` exits non-zero), Cancelled when it was cancelled, else Completed.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.states import Cancelled
 
 from ablate import db, runner
 
 
+class TrialFailed(Exception):
+    """A trial's run ended `failed` (the message is the first line of its error)."""
+
+
+class TrialsFailed(Exception):
+    """Some of a sweep's trials ended `failed`."""
+
+
 @flow(name="trial", log_prints=True)
 def trial(run_id: int, db_url: str | None = None, artifacts: str = "results/artifacts",
-          checkpoint_every: float = 600.0, memory_cap_mb: float | None = None,
-          gpu_ids: list[int] | None = None, threads: int | None = None, retry_failed: bool = False) -> str:
-    """Claim one run and train it (resuming from its checkpoint); its status. A run another process holds
-    or finished is left alone (its current status is returned)."""
+          checkpoint_every: float | None = None, memory_cap_mb: float | None = None,
+          gpu_ids: list[int] | None = None, threads: int | None = None, retry_failed: bool = False) -> Any:
+    """Claim one run and train it (resuming from its checkpoint); its status. A run another process holds,
+    finished or that a user cancelled is left alone. (`retry_failed` is kept for older deployments: the sweep
+    flow makes cancelled runs it retries pending before dispatching them.)"""
     opts = runner.RunOptions(db_url=db_url, artifacts=Path(artifacts), checkpoint_every=checkpoint_every,
                              memory_cap_mb=memory_cap_mb, gpu_ids=tuple(gpu_ids) if gpu_ids is not None else None,
                              threads=threads)
-    statuses = runner.CLAIMABLE + (("cancelled",) if retry_failed else ())
-    status = runner.run_trial(run_id, opts, statuses=statuses)
+    status = runner.run_trial(run_id, opts)
     get_run_logger().info("run %s: %s", run_id, status)
+    if status == "failed":
+        raise TrialFailed(f"run {run_id} failed: {_reason(db.connect(db_url), run_id)}")
+    if status == "cancelled":
+        return Cancelled(message=f"run {run_id} was cancelled")
     return status
+
+
+def _reason(engine: Any, run_id: int) -> str:
+    error = (db.get_run(engine, run_id).error or "").strip()
+    return error.splitlines()[0][:300] if error else "no error recorded"
 
 
 @flow(name="sweep", log_prints=True)
 def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifacts", gpu_slots: int = 1,
-          retry_failed: bool = False, use_deployments: bool = False, checkpoint_every: float = 600.0,
-          memory_cap_mb: float | None = None, threads: int | None = None) -> dict[int, str]:
+          retry_failed: bool = False, use_deployments: bool = False, checkpoint_every: float | None = None,
+          memory_cap_mb: float | None = None, threads: int | None = None, budget: str | None = None,
+          source: str | None = None, vocab_size: int | None = None, name: str | None = None,
+          merge: bool = False, prepare_data: bool = True) -> Any:
     """Run every trial of a sweep file that is not finished yet; returns {run id: status}.
 
-    `threads`: torch threads per trainer process; default, the cores other jobs leave free, shared by the
-    trials at once.
+    Overrides without editing the file (`prefect deployment run sweep/NAME --param budget=10m`): `budget`
+    ("10m", "steps=200", ...), `source` (the dataset), `vocab_size`; the sweep is then named after them unless
+    `name` is given. `merge`: add the trials to a sweep of the same name that holds other trials' results.
+    `prepare_data`: build the token caches here first (a dataset problem fails the sweep before any trial
+    starts). `threads`: torch threads per trainer process; default, the cores other jobs leave free, shared by
+    the trials at once.
     """
     log = get_run_logger()
-    parsed, sweep_id, run_ids = runner.register(spec, db_url, say=log.info)
+    overrides = {"budget": budget, "source": source, "vocab_size": vocab_size, "name": name}
+    parsed, sweep_id, run_ids = runner.register(spec, db_url, say=log.info, overrides=overrides, merge=merge,
+                                                artifacts=Path(artifacts) if prepare_data else None)
     engine = db.connect(db_url)
+    if retry_failed:  # the user's word: run cancelled runs again (trial flows never claim a cancelled run)
+        runner.uncancel(engine, run_ids)
     todo = runner.runs_to_do(engine, sweep_id, run_ids, retry_failed=retry_failed)
     log.info("sweep %s: %d trials, %d to run", parsed.name, len(run_ids), len(todo))
-    kwargs = dict(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every, memory_cap_mb=memory_cap_mb,
-                  retry_failed=retry_failed)
+    kwargs = dict(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every, memory_cap_mb=memory_cap_mb)
     if use_deployments:
-        return _dispatch_to_pool(parsed.budget.hardware, todo, {**kwargs, "threads": threads})
+        from flows.dispatch import dispatch_to_pool
+
+        results = dispatch_to_pool(parsed.budget.hardware, todo, {**kwargs, "threads": threads}, engine, log)
+    else:
+        results = _run_here(parsed, todo, kwargs, gpu_slots, threads, engine)
+    return _final(results, engine, parsed.name)
+
+
+def _run_here(parsed: Any, todo: list[int], kwargs: dict, gpu_slots: int, threads: int | None,
+              engine: Any) -> dict[int, str]:
+    """The trials as nested flow runs of this process: one per slot at a time, each slot its own GPUs."""
     gpus_per_trial = parsed.budget.gpus
     slots = max(1, gpu_slots // gpus_per_trial)
-    kwargs["threads"] = threads or runner.default_threads(min(slots, max(1, len(todo))), gpus_per_trial)
+    kwargs = {**kwargs, "threads": threads or runner.default_threads(min(slots, max(1, len(todo))), gpus_per_trial)}
+    results: dict[int, str] = {}
+
+    def one(rid: int, gpu_ids: list[int] | None) -> None:
+        trial(rid, **kwargs, gpu_ids=gpu_ids, return_state=True)  # a failed trial is in its row, read below
+        results[rid] = db.get_run(engine, rid).status
+
     if slots == 1:
-        results = {}
         for rid in todo:
             if runner.STOP.is_set():  # the user stopped the sweep: no new trial starts
                 break
-            results[rid] = trial(rid, **kwargs, gpu_ids=None)
+            one(rid, None)
         return results
-    # one trial per slot at a time, each with its own CUDA_VISIBLE_DEVICES
-    groups = [list(range(s * gpus_per_trial, (s + 1) * gpus_per_trial)) for s in range(slots)]
-    results: dict[int, str] = {}
+    queue = list(todo)
+
+    def drain(gpu_ids: list[int]) -> None:  # one trial per slot at a time, each with its own CUDA_VISIBLE_DEVICES
+        while not runner.STOP.is_set():
+            try:
+                rid = queue.pop(0)  # list.pop is atomic under the GIL
+            except IndexError:
+                return
+            one(rid, gpu_ids)
+
     with ThreadPoolExecutor(max_workers=slots) as pool:
-        queue = list(todo)
-        futures = {}
-        for s in range(slots):
-            futures[s] = pool.submit(_drain, queue, groups[s], kwargs, results)
-        for f in futures.values():
+        for f in [pool.submit(drain, list(range(s * gpus_per_trial, (s + 1) * gpus_per_trial))) for s in range(slots)]:
             f.result()
     return {rid: results[rid] for rid in todo if rid in results}
 
 
-def _drain(queue: list[int], gpu_ids: list[int], kwargs: dict, results: dict[int, str]) -> None:
-    while not runner.STOP.is_set():
-        try:
-            rid = queue.pop(0)  # list.pop is atomic under the GIL
-        except IndexError:
-            return
-        results[rid] = trial(rid, **kwargs, gpu_ids=gpu_ids)
-
-
-def _dispatch_to_pool(hardware: str, todo: list[int], kwargs: dict) -> dict[int, str]:
-    """Each run becomes a flow run of deployment trial/<hardware>; workers of that pool pick them up."""
-    from prefect.deployments import run_deployment
-
-    def one(rid: int) -> str:
-        run_deployment(f"trial/{hardware}", parameters={"run_id": rid, **kwargs}, timeout=None)
-        return db.get_run(engine, rid).status  # the run row, not the flow state, is the outcome
-
-    engine = db.connect(kwargs["db_url"])
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(todo)))) as pool:
-        return dict(zip(todo, pool.map(one, todo)))
+def _final(results: dict[int, str], engine: Any, name: str) -> Any:
+    """The sweep flow's end: Failed when trials failed (their reasons in the message), Cancelled when any
+    was cancelled, else the statuses."""
+    failed = [rid for rid, status in results.items() if status == "failed"]
+    if failed:
+        reasons = "; ".join(f"run {rid}: {_reason(engine, rid)}" for rid in failed[:5])
+        raise TrialsFailed(f"sweep {name}: {len(failed)} of {len(results)} trials failed ({reasons}"
+                           f"{'; ...' if len(failed) > 5 else ''}). `ablate sweep status {name}` lists them")
+    cancelled = [rid for rid, status in results.items() if status == "cancelled"]
+    if cancelled:
+        return Cancelled(message=f"sweep {name}: {len(cancelled)} trials cancelled", data=results)
+    return results

@@ -1,0 +1,170 @@
+"""The sweep flow on a cluster: each owed run becomes a flow run of deployment `trial/<hardware>`, and this
+module watches them until every run has an outcome.
+
+What a cluster does to trials, and what happens here (every `POLL_SECONDS`):
+- a pool with no live worker: a warning in the sweep's log within seconds (and every minute while trials wait);
+- a machine that dies mid-trial: its trial flow run stays Running in Prefect, holding a pool slot, while the
+  run's heartbeat (`runs.heartbeat_at`, beaten by the trainer) goes stale. The flow run is set Crashed, which
+  frees the slot, and the run is dispatched again: any worker resumes it from its last checkpoint (shared
+  artifacts);
+- a trial flow run that ended while its run is still owed (a worker stopped: `preempted`): dispatched again;
+- a run cancelled in the DB (`ablate sweep cancel`, any host): its trial flow run is cancelled too;
+- this sweep flow run cancelled in Prefect: its trial flow runs are cancelled and their runs marked
+  `cancelled` (their trainers checkpoint and stop within a heartbeat).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+from collections import Counter
+from typing import Any
+
+import sqlalchemy as sa
+
+from ablate import db, runner
+
+POLL_SECONDS = float(os.environ.get("ABLATE_DISPATCH_POLL_SECONDS", "5"))
+WORKER_CHECK_SECONDS = 60.0  # how often a sweep whose trials wait re-checks that their pool has a live worker
+MAX_DISPATCHES = 5  # flow runs per run within one sweep flow run (each resumes the last one's checkpoint)
+
+
+def dispatch_to_pool(hardware: str, todo: list[int], kwargs: dict[str, Any], engine: sa.Engine,
+                     log: Any) -> dict[int, str]:
+    """Run each of `todo` as a flow run of `trial/<hardware>` and watch them; {run id: final status}."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    live: dict[int, Any] = {}  # run id -> its current trial flow run id
+    dispatches: Counter[int] = Counter()
+    results: dict[int, str] = {}
+
+    def submit(rid: int) -> None:
+        flow_run = run_deployment(f"trial/{hardware}", parameters={"run_id": rid, **kwargs}, timeout=0,
+                                  as_subflow=True)
+        live[rid] = flow_run.id
+        dispatches[rid] += 1
+
+    with get_client(sync_client=True) as client:
+        check_workers(client, hardware, log)
+        for rid in todo:
+            submit(rid)
+        next_worker_check = time.monotonic() + WORKER_CHECK_SECONDS
+        try:
+            while live:
+                time.sleep(POLL_SECONDS)
+                waiting = _watch_once(client, engine, live, dispatches, results, submit, log)
+                if waiting and time.monotonic() >= next_worker_check:
+                    check_workers(client, hardware, log)
+                    next_worker_check = time.monotonic() + WORKER_CHECK_SECONDS
+        except BaseException:
+            if _cancelled_in_prefect(client):
+                cancel_trials(client, engine, live, log)
+            raise
+    return {rid: results[rid] for rid in todo if rid in results}
+
+
+def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], dispatches: Counter[int],
+                results: dict[int, str], submit: Any, log: Any) -> int:
+    """One look at every trial flow run still live and its run row; returns how many wait for a worker."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.states import Crashed
+
+    flows = {fr.id: fr for fr in client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(live.values()))), limit=len(live))}
+    with db.session_factory(engine)() as session:
+        rows = {r.id: r for r in session.scalars(sa.select(db.Run).where(db.Run.id.in_(list(live))))}
+    waiting = 0
+    for rid, fid in list(live.items()):
+        state, row = (flows[fid].state if fid in flows else None), rows[rid]
+        if state is None:
+            continue
+        if row.status == "cancelled" and not state.is_final():
+            _cancel_flow_run(client, fid, state)
+        elif state.is_final():
+            owed = row.status in ("pending", "preempted") or (row.status == "running" and not db.is_live(row))
+            if owed and dispatches[rid] < MAX_DISPATCHES and not runner.STOP.is_set():
+                log.warning("run %s is owed (%s) after its trial flow run ended %s: dispatched again, it resumes "
+                            "from its last checkpoint", rid, row.status, state.name)
+                submit(rid)
+            else:
+                results[rid] = row.status
+                del live[rid]
+        elif state.is_running() and _dead(row, state):
+            beat = f"{(db.utcnow() - row.heartbeat_at).total_seconds():.0f} s ago" if row.heartbeat_at else "never"
+            log.warning("run %s: its trainer on %s last beat %s (the machine or its worker died): its trial flow run "
+                        "is marked Crashed, freeing the pool slot, and the run is dispatched again; it resumes from "
+                        "its last checkpoint on any worker", rid, row.host or "an unknown host", beat)
+            client.set_flow_run_state(fid, Crashed(message=f"run {rid}: trainer heartbeat stale ({beat}); "
+                                                           "re-dispatched by the sweep flow"), force=True)
+            submit(rid)
+        elif state.is_scheduled() or state.is_pending():
+            waiting += 1
+    return waiting
+
+
+def _dead(row: db.Run, state: Any) -> bool:
+    """Whether a Running trial flow run's trainer is gone: its run is `running` with a stale heartbeat (or its
+    processes are gone from this host), or it never claimed its run within the stale limit."""
+    if row.status == "running":
+        return not db.is_live(row)
+    if row.status in ("pending", "preempted") and state.timestamp is not None:
+        since = state.timestamp.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        return (db.utcnow() - since).total_seconds() > db.STALE_SECONDS
+    return False
+
+
+def check_workers(client: Any, pool: str, log: Any) -> bool:
+    """Whether the work pool has a live worker; a warning in the sweep's log when it has none."""
+    from prefect.client.schemas.objects import WorkerStatus
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        workers = client.read_workers_for_work_pool(pool)
+    except ObjectNotFound:
+        log.warning("there is no work pool %r: register it with `ablate deploy`", pool)
+        return False
+    if any(w.status == WorkerStatus.ONLINE for w in workers):
+        return True
+    log.warning("work pool %r has no live worker: this sweep's trials wait until one starts. Start one on a machine "
+                "of that class (`ablate worker --pool %s`; docker-compose.yml: the gpu-worker or cpu-worker service)",
+                pool, pool)
+    return False
+
+
+def _cancel_flow_run(client: Any, flow_run_id: Any, state: Any) -> None:
+    """Cancel a trial flow run: a running one through Cancelling (its worker stops the process), else at once."""
+    from prefect.states import Cancelled, Cancelling
+
+    if state.is_final():
+        return
+    new = Cancelling() if state.is_running() else Cancelled(message="its sweep or run was cancelled")
+    client.set_flow_run_state(flow_run_id, new, force=True)
+
+
+def _cancelled_in_prefect(client: Any) -> bool:
+    """Whether this (sweep) flow run is being cancelled in Prefect."""
+    from prefect.runtime import flow_run
+
+    try:
+        state = client.read_flow_run(flow_run.id).state
+    except Exception:  # noqa: BLE001 - no API to ask: do not guess that the user cancelled
+        return False
+    return state is not None and (state.is_cancelling() or state.is_cancelled())
+
+
+def cancel_trials(client: Any, engine: sa.Engine, live: dict[int, Any], log: Any) -> None:
+    """The sweep flow run was cancelled: its runs become `cancelled` (trainers on any host checkpoint and stop
+    within a heartbeat) and its trial flow runs are cancelled."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with engine.begin() as conn:
+        conn.execute(sa.update(db.Run).where(db.Run.id.in_(list(live)), db.Run.status.in_(
+            ("pending", "preempted", "failed", "running"))).values(status="cancelled"))
+    if live:
+        for fr in client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(live.values()))),
+                                        limit=len(live)):
+            if fr.state is not None:
+                _cancel_flow_run(client, fr.id, fr.state)
+    log.warning("sweep cancelled: %d trial flow runs cancelled, their runs marked cancelled", len(live))
