@@ -143,6 +143,7 @@ class Metric(Base):
     tokens: Mapped[int] = mapped_column(sa.BigInteger)
     loss: Mapped[float]
     lr: Mapped[float | None]
+    eval_point: Mapped[float | None]  # eval rows: the eval.at budget fraction this eval is for (1.0: the final eval)
 
 
 class Meta(Base):
@@ -353,7 +354,7 @@ def _alembic_config(engine: sa.Engine):
     return cfg
 
 
-SCHEMA_HEAD = "0007"  # the newest migration (a test checks it against Alembic's head)
+SCHEMA_HEAD = "0008"  # the newest migration (a test checks it against Alembic's head)
 
 
 def stored_revision(engine: sa.Engine) -> str | None:
@@ -716,7 +717,7 @@ def write_metrics(engine: sa.Engine, run_id: int, rows: list[dict[str, Any]]) ->
                 )
             )
         }
-        fresh = [dict(r, run_id=run_id) for r in rows if (r["split"], r["step"]) not in have]
+        fresh = [{"eval_point": None, **r, "run_id": run_id} for r in rows if (r["split"], r["step"]) not in have]
         if fresh:
             conn.execute(sa.insert(Metric), fresh)
         latest = _latest_fields(rows)

@@ -124,7 +124,7 @@ def runs(sweep: str | None = None, url: str | None = None):
     engine = db.reader(url)
     q = sa.select(db.Run, db.Sweep.name.label("sweep")).join(db.Sweep, db.Run.sweep_id == db.Sweep.id)
     if sweep is not None:
-        q = q.where(db.Sweep.name == sweep)
+        q = q.where(db.Sweep.id == _sweep_id(engine, sweep))
     with engine.connect() as conn:
         frame = pd.read_sql(q.order_by(db.Run.id), conn)
     # integer columns stay integers where some rows are NULL (pandas would make heads 4.0)
@@ -132,6 +132,13 @@ def runs(sweep: str | None = None, url: str | None = None):
         if isinstance(column.type, sa.Integer) and column.name in frame:
             frame[column.name] = frame[column.name].astype("Int64")
     return frame
+
+
+def _sweep_id(engine: sa.Engine, name: str) -> int:
+    """The sweep's id, or an AblateError with a did-you-mean (not an empty frame for a typo)."""
+    from ablate.runner import sweep_id
+
+    return sweep_id(engine, name)
 
 
 def to_csv(frame: Any, path: Any) -> None:
@@ -146,7 +153,7 @@ def to_csv(frame: Any, path: Any) -> None:
 
 
 def metrics(run_ids: list[int] | None = None, sweep: str | None = None, url: str | None = None):
-    """A DataFrame of metric points (run_id, step, split, elapsed_seconds, tokens, loss, lr)."""
+    """A DataFrame of metric points (run_id, step, split, elapsed_seconds, tokens, loss, lr, eval_point)."""
     import pandas as pd
 
     engine = db.reader(url)
@@ -154,8 +161,6 @@ def metrics(run_ids: list[int] | None = None, sweep: str | None = None, url: str
     if run_ids is not None:
         q = q.where(db.Metric.run_id.in_(run_ids))
     if sweep is not None:
-        q = q.join(db.Run, db.Metric.run_id == db.Run.id).join(db.Sweep, db.Run.sweep_id == db.Sweep.id).where(
-            db.Sweep.name == sweep
-        )
+        q = q.join(db.Run, db.Metric.run_id == db.Run.id).where(db.Run.sweep_id == _sweep_id(engine, sweep))
     with engine.connect() as conn:
         return pd.read_sql(q.order_by(db.Metric.run_id, db.Metric.split, db.Metric.step), conn)

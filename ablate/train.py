@@ -293,7 +293,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
                 with clock.paused("eval"):
                     ev, _ = evaluate(wrapped, prepared.eval, trial, device, dist_, trial.eval.batches, precision)
                     recorder.log(step=progress.step, split="eval", elapsed_seconds=clock.elapsed(),
-                                 tokens=progress.tokens, loss=ev, lr=None)
+                                 tokens=progress.tokens, loss=ev, lr=None, eval_point=trial.eval.at[progress.next_eval])
                     recorder.flush()
                 progress.next_eval += 1
             # ---- checkpoint on a wall-time interval (clock paused)
@@ -347,7 +347,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     if accuracy is not None:
         recorder.update(final_eval_accuracy=accuracy)
     recorder.log(step=progress.step, split="eval", elapsed_seconds=clock.elapsed(), tokens=progress.tokens,
-                 loss=final_eval, lr=None)
+                 loss=final_eval, lr=None, eval_point=1.0)
     final_train = _final_train_loss(progress.intervals)
     with clock.paused("checkpoint"):
         _checkpoint(ckpt_path, model, optimizer, scaler, progress, clock, recorder, dist_,

@@ -77,7 +77,10 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], dispatches
         rows = {r.id: r for r in session.scalars(sa.select(db.Run).where(db.Run.id.in_(list(live))))}
     waiting = 0
     for rid, fid in list(live.items()):
-        state, row = (flows[fid].state if fid in flows else None), rows[rid]
+        state, row = (flows[fid].state if fid in flows else None), rows.get(rid)
+        if row is None:  # deleted meanwhile (an edit of the spec dropped it): nothing is owed
+            del live[rid]
+            continue
         if state is None:
             continue
         if row.status == "cancelled" and not state.is_final():
