@@ -482,19 +482,21 @@ def library_versions() -> dict[str, str]:
 
 
 def code_version() -> str | None:
-    """The git commit of the ablate checkout, with '+dirty' when the tree has changes."""
+    """The git commit of the ablate checkout, with '+dirty' when the tree has changes; without a checkout (a
+    container image), the version stamped at build time (ABLATE_CODE_VERSION)."""
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
+    stamp = os.environ.get("ABLATE_CODE_VERSION") or None
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
         if sha.returncode != 0:
-            return None
+            return stamp
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=5)
         return sha.stdout.strip()[:12] + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
-        return None
+        return stamp
 
 
 def register_sweep(engine: sa.Engine, spec: Any, trials: Iterable[Any], spec_path: str | None = None,

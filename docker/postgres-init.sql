@@ -1,8 +1,8 @@
--- Runs once, as the superuser `postgres`, when the postgres service starts on an empty data volume.
--- The application never connects as a superuser: it is the ordinary role `ablate`, which owns its two
--- databases, ablate's results (and Optuna studies) and Prefect's own state. Its password 'ablate' is the one
--- in docker-compose.yml's URLs; to change it, run ALTER ROLE ablate PASSWORD '...' and edit those URLs.
-CREATE ROLE ablate LOGIN PASSWORD 'ablate' NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION;
+-- Run once by docker/postgres-init.sh (psql, with :'pw' the application role's password from ABLATE_PG_PASSWORD)
+-- when the postgres service starts on an empty data volume. The application never connects as a superuser: it is
+-- the ordinary role `ablate`, which owns its two databases, ablate's results (and Optuna studies) and Prefect's
+-- own state.
+CREATE ROLE ablate LOGIN PASSWORD :'pw' NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION;
 -- `ablate sql` runs its statements as this role; ablate's migration 0005 grants it SELECT on the results
 -- tables and views only.
 CREATE ROLE ablate_reader NOLOGIN;

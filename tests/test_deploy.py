@@ -96,29 +96,3 @@ def test_prefect_deployment_run_sweep_smoke_with_a_local_server_and_workers(tmp_
                 os.killpg(proc.pid, 9)
         for log in logs:
             log.close()
-
-
-def _compose() -> dict:
-    return yaml.safe_load((REPO / "docker-compose.yml").read_text())
-
-
-def test_no_service_connects_to_postgres_as_the_superuser():
-    compose = _compose()
-    superuser = compose["services"]["postgres"]["environment"]["POSTGRES_USER"]
-    assert superuser == "postgres"
-    envs = [compose["x-ablate-env"]] + [svc.get("environment") or {} for svc in compose["services"].values()]
-    urls = [v for env in envs for v in env.values() if isinstance(v, str) and re.match(r"postgresql(\+\w+)?://", v)]
-    assert urls, "the services' database URLs"
-    for url in urls:
-        user = re.match(r"postgresql(\+\w+)?://([^:@/]+)", url).group(2)
-        assert user == "ablate" != superuser, url
-
-
-def test_postgres_init_makes_a_plain_application_role_and_the_reader_role():
-    script = (REPO / "docker" / "postgres-init.sql").read_text()
-    sql = " ".join(line.split("--")[0] for line in script.splitlines()).upper()
-    assert re.search(r"CREATE ROLE ABLATE LOGIN\b[^;]*\bNOSUPERUSER\b", sql)
-    assert not re.search(r"(?<!NO)SUPERUSER", sql), "ablate must not be a superuser"
-    assert re.search(r"CREATE ROLE ABLATE_READER NOLOGIN\s*;", sql)
-    assert "GRANT ABLATE_READER TO ABLATE;" in sql  # so migration 0005 grants it SELECT and `ablate sql` may SET ROLE
-    assert "CREATE DATABASE ABLATE OWNER ABLATE;" in sql and "CREATE DATABASE PREFECT OWNER ABLATE;" in sql

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -170,6 +171,7 @@ def test_docker_compose_names_only_things_that_exist():
         if not cmd:
             continue
         text = " ".join(cmd) if isinstance(cmd, list) else cmd
+        text = re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", text)  # what compose runs when the variable is unset
         for part in text.split("&&"):
             words = part.replace("sh -c", "").split()
             if words and words[0] == "ablate":
@@ -180,6 +182,6 @@ def test_docker_compose_names_only_things_that_exist():
                     pool = words[words.index("--pool") + 1]
                     assert pool == "sweeps" or pool.startswith("${ABLATE_POOL"), pool
     env = compose["x-ablate-env"]
-    assert set(env) == {"ABLATE_DB_URL", "PREFECT_API_URL", "ABLATE_ARTIFACTS"}
+    assert {"ABLATE_DB_URL", "PREFECT_API_URL", "ABLATE_ARTIFACTS"} <= set(env)
     source = "".join(p.read_text() for p in (REPO / "ablate").rglob("*.py"))
     assert "ABLATE_DB_URL" in source and "ABLATE_ARTIFACTS" in source
