@@ -634,6 +634,8 @@ def main(argv: list[str] | None = None) -> int:
                             resume=not args.no_resume, progress=not args.quiet, device=args.device,
                             threads=args.threads, claimant=claimant, db_id=db_id)
         outcome = train(trial, settings, dist_)
+        if dist_.world > 1:  # no rank tears gloo/NCCL down while another still writes its end (SIGABRT at exit)
+            dist.barrier()
         if dist_.is_main:
             print(json.dumps({k: v for k, v in outcome.items() if k not in ("notes", "finished_at")}, default=str))
         return 0 if outcome["status"] in ("completed", "oom", "diverged") else 3
