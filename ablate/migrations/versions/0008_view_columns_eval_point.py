@@ -32,19 +32,6 @@ SELECT s.name AS sweep, r.id AS run_id, r.architecture, r.objective, r.options, 
 FROM runs r JOIN sweeps s ON s.id = r.sweep_id
 """
 
-EVAL_CURVE = """
-CREATE VIEW eval_curve AS
-SELECT s.name AS sweep, r.id AS run_id, r.architecture, r.d_model, r.layers, r.heads, r.lr, m.step,
-       m.elapsed_seconds, m.tokens, m.loss, m.eval_point,
-       CASE r.budget_kind
-           WHEN 'wall_clock' THEN m.elapsed_seconds / r.budget_amount
-           WHEN 'steps' THEN m.step / r.budget_amount
-           WHEN 'tokens' THEN m.tokens / r.budget_amount
-           ELSE m.tokens * r.flops_per_token / r.budget_amount
-       END AS budget_fraction
-FROM metrics m JOIN runs r ON r.id = m.run_id JOIN sweeps s ON s.id = r.sweep_id
-WHERE m.split = 'eval'
-"""
 
 
 def _views_0003():
@@ -69,7 +56,10 @@ def _replace(run_results: str, eval_curve: str) -> None:
 
 def upgrade() -> None:
     op.add_column("metrics", sa.Column("eval_point", sa.Double(), nullable=True))
-    _replace(RUN_RESULTS, EVAL_CURVE)
+    # eval_curve as 0003 made it, with the eval.at point of each row
+    eval_curve = _views_0003().EVAL_CURVE.replace("m.loss,", "m.loss, m.eval_point,")
+    assert "m.eval_point" in eval_curve
+    _replace(RUN_RESULTS, eval_curve)
 
 
 def downgrade() -> None:
