@@ -633,8 +633,17 @@ def update_run(engine: sa.Engine, run_id: int, claimant: str | None = None, **fi
 
 # how often a claimant says it is alive, and how long a silent `running` row takes to count as a dead process's (any
 # host): it is owed again. ABLATE_HEARTBEAT_SECONDS / ABLATE_STALE_SECONDS change them (every host must agree).
-HEARTBEAT_SECONDS = float(os.environ.get("ABLATE_HEARTBEAT_SECONDS", "10"))
-STALE_SECONDS = float(os.environ.get("ABLATE_STALE_SECONDS", "90"))
+HEARTBEAT_SECONDS = STALE_SECONDS = 0.0
+
+
+def read_timing_env() -> None:
+    """Set HEARTBEAT_SECONDS and STALE_SECONDS from the environment (at import, and in a forked trainer)."""
+    global HEARTBEAT_SECONDS, STALE_SECONDS
+    HEARTBEAT_SECONDS = float(os.environ.get("ABLATE_HEARTBEAT_SECONDS", "10"))
+    STALE_SECONDS = float(os.environ.get("ABLATE_STALE_SECONDS", "90"))
+
+
+read_timing_env()
 
 
 def new_claimant() -> str:

@@ -167,8 +167,7 @@ def run_trial(run_id: int, opts: RunOptions, should_stop: Callable[[], bool] | N
     if opts.gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in opts.gpu_ids)
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(trainer_command(trial, run_id, opts), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # its own group: cancel and Ctrl-C signal it (and torchrun's ranks)
+        proc = start_trainer(trainer_command(trial, run_id, opts), env, log, log_path, opts.artifacts)
         db.update_run(engine, run_id, claimant=claimant, pid=proc.pid)  # the trainer beats the claim's heartbeat
         try:
             while True:
@@ -185,7 +184,25 @@ def run_trial(run_id: int, opts: RunOptions, should_stop: Callable[[], bool] | N
     return classify(engine, run_id, code, log_path, claimant)
 
 
-def _stop(proc: subprocess.Popen, grace: float = 120.0) -> int:
+def start_trainer(command: list[str], env: dict[str, str], log: Any, log_path: Path, artifacts: Path) -> Any:
+    """The trainer process, in its own process group (cancel and Ctrl-C signal it, and torchrun's ranks).
+
+    A single-process trainer on a host without a visible GPU is forked from this runner's warm helper
+    (ablate/warm.py: the imports are done once per runner, not once per trial); otherwise, or if the
+    helper cannot start, a fresh `python -m ablate.train`. Either has `pid`, `poll()` and `wait(timeout)`."""
+    from ablate import warm
+
+    if command[1:3] == ["-m", "ablate.train"] and warm.enabled():
+        helper = warm.helper(artifacts / "logs" / "warm-trainer.log")
+        if helper is not None:
+            try:
+                return helper.spawn(command[3:], env, log_path)
+            except RuntimeError as exc:
+                print(f"warning: trainer starts cold ({exc})", file=sys.stderr)
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _stop(proc: Any, grace: float = 120.0) -> int:
     """SIGTERM to the trainer's group (it checkpoints and records `preempted`); SIGKILL after `grace` seconds."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)

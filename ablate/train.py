@@ -236,6 +236,8 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     # this attempt's own start-up (a resumed run's meters also hold its earlier attempts' warm-up)
     startup = time.perf_counter() - t_start - warmup_seconds
     clock.meters["startup"] = startup  # data cache, model build, optimizer (its first use imports torch._dynamo)
+    # this process's CPU so far: interpreter, imports (none in a trainer forked warm), start-up and warm-up
+    progress.notes["process_cpu"] = {"before_training": round(time.process_time(), 3)}
     recorder.update(params=params, inter_token_params=fam.inter_token_params(trial), flops_per_token=flops_per_token,
                     device_name=device_name, startup_seconds=startup, checkpoint_path=str(ckpt_path.resolve()),
                     threads=torch.get_num_threads(), precision=precision)
@@ -516,6 +518,8 @@ def _finalize(recorder: Recorder, status: str, error: str | None, progress: Prog
               device: torch.device, params: int | None, flops_per_token: float | None, device_name: str | None,
               final_train: float | None, final_eval: float | None, peak: float | None = None) -> dict[str, Any]:
     recorder.flush()
+    if "process_cpu" in progress.notes:
+        progress.notes["process_cpu"]["total"] = round(time.process_time(), 3)
     seconds = clock.elapsed()
     tps = progress.tokens / seconds if seconds > 0 else None
     peak_flops = bud.peak_flops(device_name)
