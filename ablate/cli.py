@@ -91,7 +91,6 @@ def objective_label(objective: str, options: dict | None) -> str:
 
 @command("plan")
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ablate import runner
     from ablate.spec import describe_recipe, load_trials, reference_for
 
     spec, trials = load_trials(args.spec, max_trials=args.max_trials, overrides=_overrides(args))
@@ -131,7 +130,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         console.print(f"{len(trials)} trials; budget per trial: {spec.budget.describe()}")
     try:  # a hub dataset that cannot load here (offline, unknown id): said now, though this machine may not run it
-        runner.check_sources(trials)
+        if any(t.dataset.from_hub for t in trials):  # (the runner brings SQLAlchemy: only when there is one to check)
+            from ablate import runner
+
+            runner.check_sources(trials)
     except AblateError as exc:
         err_console.print(f"[yellow]warning:[/] {escape(str(exc))} `ablate sweep run` and the sweep flow check the data "
                           "before any trial starts, and stop with this message where it cannot load")

@@ -545,12 +545,36 @@ def _register_once(engine: sa.Engine, spec: Any, trials: list[Any], spec_path: s
             if fp not in seen:
                 seen.add(fp)
                 rows.append(run_row(trial, config, fp, sweep.id, index, code, versions))
-        for start in range(0, len(rows), 5000):  # one multi-row INSERT .. RETURNING per chunk, not a flush per row
-            result = session.execute(sa.insert(Run).returning(Run.fingerprint, Run.id), rows[start:start + 5000])
-            ids.update(result.all())
+        if rows and engine.dialect.driver == "psycopg":  # COPY: 10,000 rows in ~0.2 CPU-s instead of ~2.4
+            copy_rows(session.connection(), Run.__table__, rows)
+            ids.update(session.execute(sa.select(Run.fingerprint, Run.id).where(Run.sweep_id == sweep.id)).all())
+        else:  # one multi-row INSERT .. RETURNING per chunk, not a flush per row
+            for start in range(0, len(rows), 5000):
+                result = session.execute(sa.insert(Run).returning(Run.fingerprint, Run.id), rows[start:start + 5000])
+                ids.update(result.all())
     if len(rows) >= 1000 and engine.dialect.name == "sqlite":
         analyze(engine)  # PostgreSQL's autovacuum does this by itself
     return sweep.id, [ids[fp] for fp in fps]
+
+
+def copy_rows(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+    """Insert `rows` (dicts of the same columns) with PostgreSQL's COPY, inside `conn`'s transaction (psycopg 3).
+
+    A multi-row INSERT is mostly client work there: psycopg parses each statement's hundreds of thousands of
+    placeholders in Python. A unique violation is raised as SQLAlchemy's IntegrityError, as an INSERT's would be."""
+    import psycopg
+
+    columns = list(rows[0])
+    as_json = {c for c in columns if isinstance(table.c[c].type, sa.JSON)}
+    quote = conn.dialect.identifier_preparer.quote
+    statement = f"COPY {quote(table.name)} ({', '.join(quote(c) for c in columns)}) FROM STDIN"
+    try:
+        with conn.connection.driver_connection.cursor() as cursor, cursor.copy(statement) as copy:
+            for row in rows:
+                copy.write_row([json.dumps(row[c]) if c in as_json and row[c] is not None else row[c]
+                                for c in columns])
+    except psycopg.IntegrityError as exc:
+        raise sa.exc.IntegrityError(statement, None, exc) from exc
 
 
 CELL_COLUMNS = ("architecture", "objective", "d_model", "layers", "heads", "context", "lr", "batch_size", "seed")

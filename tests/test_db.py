@@ -42,6 +42,27 @@ def test_register_sweep_is_idempotent_by_fingerprint(db_url):
     assert [(r.architecture, r.d_model) for r in rows] == [(t.architecture, t.d_model) for t in trials]
 
 
+def test_postgres_registers_by_copy_the_same_rows_sqlite_inserts(sqlite_url, postgres_url):
+    spec, trials = load_trials(SMOKE)
+    rows = {}
+    for url in (sqlite_url, postgres_url):
+        engine = db.connect(url)
+        _, ids = db.register_sweep(engine, spec, trials)
+        with engine.connect() as conn:
+            found = conn.execute(sa.select(db.Run.__table__).where(db.Run.id.in_(ids))).mappings().all()
+        by_id = {r["id"]: dict(r) for r in found}
+        assert all(by_id[i].pop("created_at") is not None for i in ids)
+        rows[url] = [{c: v for c, v in by_id[i].items() if c != "id"} for i in ids]  # in trial order
+    sqlite_rows, pg_rows = rows[sqlite_url], rows[postgres_url]
+    assert pg_rows == sqlite_rows and pg_rows[0]["config"] == trials[0].model_dump(mode="json")
+    assert pg_rows[0]["library_versions"]["torch"] and [r["fingerprint"] for r in pg_rows] == [t.fingerprint() for t in trials]
+    with pytest.raises(sa.exc.IntegrityError):  # a row that is there already fails like an INSERT would (a race)
+        engine = db.connect(postgres_url)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("SELECT 1")
+            db.copy_rows(conn, db.Run.__table__, [dict(pg_rows[0], trial_index=99)])
+
+
 def test_axes_are_typed_columns_usable_in_sql(db_url):
     engine = db.connect(db_url)
     spec, trials = load_trials(SMOKE)
