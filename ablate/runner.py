@@ -41,6 +41,9 @@ class RunOptions:
     quiet: bool = True
     threads: int | None = None  # torch intra-op threads per trainer process; None: every core
     extra_env: dict[str, str] = field(default_factory=dict)
+    # fork single-process trainers from this process's warm helper where it applies (warm.enabled); worth it
+    # only for a process that runs several trials: its start costs about what one cold trainer's imports do
+    warm: bool = True
 
 
 def host_cores() -> int:
@@ -167,7 +170,7 @@ def run_trial(run_id: int, opts: RunOptions, should_stop: Callable[[], bool] | N
     if opts.gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in opts.gpu_ids)
     with open(log_path, "ab") as log:
-        proc = start_trainer(trainer_command(trial, run_id, opts), env, log, log_path, opts.artifacts)
+        proc = start_trainer(trainer_command(trial, run_id, opts), env, log, log_path, opts.artifacts, opts.warm)
         db.update_run(engine, run_id, claimant=claimant, pid=proc.pid)  # the trainer beats the claim's heartbeat
         try:
             while True:
@@ -184,15 +187,17 @@ def run_trial(run_id: int, opts: RunOptions, should_stop: Callable[[], bool] | N
     return classify(engine, run_id, code, log_path, claimant)
 
 
-def start_trainer(command: list[str], env: dict[str, str], log: Any, log_path: Path, artifacts: Path) -> Any:
+def start_trainer(command: list[str], env: dict[str, str], log: Any, log_path: Path, artifacts: Path,
+                  warm_ok: bool = True) -> Any:
     """The trainer process, in its own process group (cancel and Ctrl-C signal it, and torchrun's ranks).
 
     A single-process trainer on a host without a visible GPU is forked from this runner's warm helper
-    (ablate/warm.py: the imports are done once per runner, not once per trial); otherwise, or if the
-    helper cannot start, a fresh `python -m ablate.train`. Either has `pid`, `poll()` and `wait(timeout)`."""
+    (ablate/warm.py: the imports are done once per runner, not once per trial); otherwise, with `warm_ok`
+    false, or if the helper cannot start, a fresh `python -m ablate.train`. Either has `pid`, `poll()` and
+    `wait(timeout)`."""
     from ablate import warm
 
-    if command[1:3] == ["-m", "ablate.train"] and warm.enabled():
+    if warm_ok and command[1:3] == ["-m", "ablate.train"] and warm.enabled():
         helper = warm.helper(artifacts / "logs" / "warm-trainer.log")
         if helper is not None:
             try:

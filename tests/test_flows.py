@@ -54,14 +54,20 @@ def metric_count(url: str, run_id: int | None = None) -> int:
 
 
 @pytest.mark.slow
-def test_smoke_sweep_end_to_end_then_only_what_is_owed(prefect_harness, tmp_path):
+def test_smoke_sweep_end_to_end_then_only_what_is_owed(prefect_harness, tmp_path, monkeypatch):
+    from ablate import warm
     from flows.sweep import sweep
 
+    monkeypatch.delenv("ABLATE_WARM_TRAINER", raising=False)
+    forked: list[list[str]] = []  # trainers forked from the warm helper (the others start as cold processes)
+    spawn = warm.WarmTrainer.spawn
+    monkeypatch.setattr(warm.WarmTrainer, "spawn", lambda self, argv, *a: forked.append(argv) or spawn(self, argv, *a))
     url = f"sqlite:///{tmp_path / 'r.db'}"
     spec = smoke_spec(tmp_path)
     art = str(tmp_path / "art")
     result = sweep(spec=str(spec), db_url=url, artifacts=art)
     assert len(result) == 4 and set(result.values()) == {"completed"}
+    assert len(forked) == 4  # local trials share this process's helper
     assert set(statuses(url).values()) == {"completed"}
     for rid in result:
         assert metric_count(url, rid) >= 3
@@ -74,6 +80,7 @@ def test_smoke_sweep_end_to_end_then_only_what_is_owed(prefect_harness, tmp_path
     db.update_run(db.connect(url), victim, status="failed")
     again = sweep(spec=str(spec), db_url=url, artifacts=art)
     assert again == {victim: "completed"}  # only the failed one runs
+    assert len(forked) == 4  # alone, it started cold: a helper is worth it only for several trials
 
 
 @pytest.mark.slow

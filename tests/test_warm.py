@@ -60,6 +60,9 @@ def test_single_process_trainers_are_forked_and_torchrun_or_an_opt_out_are_not(t
         proc = runner.start_trainer(torchrun, env, log, log_path, tmp_path)
         assert isinstance(proc, subprocess.Popen)
         proc.wait(60)
+        alone = runner.start_trainer([os.sys.executable, "-m", "ablate.train", "--help"], env, log, log_path, tmp_path,
+                                     warm_ok=False)  # RunOptions(warm=False): a process with one trial to run
+        assert isinstance(alone, subprocess.Popen) and alone.wait(60) == 0
         monkeypatch.setenv("ABLATE_WARM_TRAINER", "0")
         proc = runner.start_trainer([os.sys.executable, "-m", "ablate.train", "--help"], env, log, log_path, tmp_path)
         assert isinstance(proc, subprocess.Popen) and proc.wait(60) == 0
