@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 READY_SECONDS = 300.0  # a loaded host may take a while to import torch; past this the runner goes cold
+ANSWER_SECONDS = 60.0  # a fork is quick: a helper silent this long after a request is stopped, the trial goes cold
 
 
 # ---------------------------------------------------------------- the helper process
@@ -183,19 +184,21 @@ class WarmTrainer:
             raise RuntimeError("the warm trainer did not start" + (f" (see {log})" if log else ""))
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
-            message = json.loads(line)
+        try:
+            for line in self.proc.stdout:
+                message = json.loads(line)
+                with self._news:
+                    if "ready" in message:
+                        self.ready = message
+                    elif "exit" in message:
+                        self._exits[message["exit"]] = (message["code"], message["cpu"])
+                    else:
+                        self._replies[message["id"]] = message
+                    self._news.notify_all()
+        finally:  # the helper exited, or said something unreadable: its children are then watched by pid
             with self._news:
-                if "ready" in message:
-                    self.ready = message
-                elif "exit" in message:
-                    self._exits[message["exit"]] = (message["code"], message["cpu"])
-                else:
-                    self._replies[message["id"]] = message
+                self.dead = True
                 self._news.notify_all()
-        with self._news:
-            self.dead = True
-            self._news.notify_all()
 
     def spawn(self, argv: list[str], env: dict[str, str], log: Path) -> Child:
         """Fork a trainer running `python -m ablate.train *argv` with this environment, output appended to `log`."""
@@ -204,12 +207,19 @@ class WarmTrainer:
         with self._news:
             if self.dead:
                 raise RuntimeError("the warm trainer has exited")
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
-            self.proc.stdin.flush()
-            self._news.wait_for(lambda: request_id in self._replies or self.dead, timeout=60)
+            try:
+                self.proc.stdin.write((json.dumps(request) + "\n").encode())
+                self.proc.stdin.flush()
+            except OSError as exc:  # it died since (a broken pipe)
+                raise RuntimeError(f"the warm trainer has exited ({exc})") from exc
+            self._news.wait_for(lambda: request_id in self._replies or self.dead, timeout=ANSWER_SECONDS)
             reply = self._replies.pop(request_id, None)
+        if reply is None and not self.dead:
+            # a helper that may still fork this trial later must not: the runner starts it cold instead
+            self.proc.kill()
+            raise RuntimeError(f"the warm trainer did not answer in {ANSWER_SECONDS:.0f} s; stopped it")
         if reply is None or "pid" not in reply:
-            raise RuntimeError((reply or {}).get("error", "the warm trainer did not answer"))
+            raise RuntimeError((reply or {}).get("error", "the warm trainer has exited"))
         return Child(self, reply["pid"])
 
     def exit_of(self, pid: int) -> tuple[int | None, float | None]:

@@ -106,6 +106,19 @@ def test_a_trainer_outlives_its_helper_and_its_outcome_is_still_recorded(sqlite_
     assert again is not None and again.proc.pid != helper.proc.pid  # the next trial gets a fresh helper
 
 
+def test_a_helper_that_does_not_answer_is_stopped_and_the_trainer_starts_cold(tmp_path, monkeypatch, capsys):
+    helper = warm.helper()
+    monkeypatch.setattr(warm, "ANSWER_SECONDS", 1.0)
+    os.kill(helper.proc.pid, signal.SIGSTOP)  # hung (or starved): it must not fork this trial after the runner gave up
+    log_path = tmp_path / "t.log"
+    with open(log_path, "ab") as log:
+        proc = runner.start_trainer([os.sys.executable, "-m", "ablate.train", "--help"], dict(os.environ), log,
+                                    log_path, tmp_path)
+        assert isinstance(proc, subprocess.Popen) and proc.wait(60) == 0
+    assert helper.proc.wait(10) == -signal.SIGKILL and "did not answer in 1 s" in capsys.readouterr().err
+    assert log_path.read_text().count("train one run to its budget") == 1  # one trainer, the cold one
+
+
 @pytest.fixture(autouse=True)
 def _warm_on(monkeypatch):
     monkeypatch.delenv("ABLATE_WARM_TRAINER", raising=False)
