@@ -119,28 +119,39 @@ def lr_at(position: float, peak: float, schedule: str, warmup: float, cooldown: 
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
-def schedule(trial: Any) -> Callable[[float, int, int, int, int | None], float]:
-    """A trial's learning rate as a function of (budget fraction, step, tokens, samples, rows): its schedule over
-    its horizon (else the budget), its warm-up in steps or as a fraction. Settings are read once, here."""
-    h, peak, kind, warmup_steps = trial.horizon, trial.lr, trial.schedule, trial.warmup_steps
+def schedule_position(trial: Any) -> Callable[[float, int, int, int, int | None], float]:
+    """Where a trial stands along its schedule (0..1, past 1 after its end) as a function of (budget fraction,
+    step, tokens, samples, rows): the fraction of its `horizon` (steps, tokens or epochs), else of its budget."""
+    h = trial.horizon
     if h is not None and h.tokens is not None:
         from ablate.spec import parse_count
 
         horizon_tokens = parse_count(h.tokens)
+
+    def position(budget_fraction: float, step: int, tokens: int, samples: int, rows: int | None) -> float:
+        if h is None:
+            return budget_fraction
+        if h.steps is not None:
+            return step / h.steps
+        if h.tokens is not None:
+            return tokens / horizon_tokens
+        return samples / (h.epochs * rows) if rows else budget_fraction
+
+    return position
+
+
+def schedule(trial: Any) -> Callable[[float, int, int, int, int | None], float]:
+    """A trial's learning rate as a function of (budget fraction, step, tokens, samples, rows): its schedule over
+    its horizon (else the budget), its warm-up in steps or as a fraction. Settings are read once, here."""
+    h, peak, kind, warmup_steps = trial.horizon, trial.lr, trial.schedule, trial.warmup_steps
+    position = schedule_position(trial)
     ends = min(warmup_steps / h.steps, 0.999) if (warmup_steps and h is not None and h.steps is not None) else 0.0
 
     def at(budget_fraction: float, step: int, tokens: int, samples: int, rows: int | None) -> float:
-        if h is None:
-            position = budget_fraction
-        elif h.steps is not None:
-            position = step / h.steps
-        elif h.tokens is not None:
-            position = tokens / horizon_tokens
-        else:
-            position = samples / (h.epochs * rows) if rows else budget_fraction
+        f = position(budget_fraction, step, tokens, samples, rows)
         if warmup_steps is None:
-            return lr_at(position, peak, kind, trial.warmup)
-        return lr_at(position, peak, kind, ends, ramp=step / warmup_steps if warmup_steps else 1.0)
+            return lr_at(f, peak, kind, trial.warmup)
+        return lr_at(f, peak, kind, ends, ramp=step / warmup_steps if warmup_steps else 1.0)
 
     return at
 

@@ -49,19 +49,29 @@ def human_count(n: float | None) -> str:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The spec overrides given on the command line (--budget, --source, --vocab-size, --name)."""
-    return {"budget": args.budget, "source": args.source, "vocab_size": args.vocab_size, "name": args.name}
+    """The spec overrides given on the command line (--budget, --source, --holdout, --vocab-size, --gpus,
+    --hardware, --name)."""
+    return {"budget": args.budget, "source": args.source, "holdout": args.holdout, "vocab_size": args.vocab_size,
+            "gpus": args.gpus, "hardware": args.hardware, "name": args.name}
 
 
 def _add_overrides(parser: argparse.ArgumentParser, merge: bool = True) -> None:
     g = parser.add_argument_group("overrides (the sweep is then named after them, unless --name)")
     g.add_argument("--budget", default=None, help="budget per trial: 10m (wall clock), steps=200, tokens=50M")
-    g.add_argument("--source", default=None, help="dataset.source: a local path or hub id")
+    g.add_argument("--source", default=None, help="dataset.source: a local path or hub id (a local one, where the "
+                   "spec evaluates on a named split, holds out the last 1000 documents instead)")
+    g.add_argument("--holdout", type=int, default=None, help="evaluate on the last N documents of the training data")
     g.add_argument("--vocab-size", type=int, default=None, help="train a BPE tokenizer of this size")
+    g.add_argument("--gpus", type=int, default=None, help="GPUs per trial (torchrun when > 1); the global batch is "
+                   "kept by scaling grad_accum")
+    g.add_argument("--hardware", default=None, help="hardware profile / work pool (rtx3060, v100, a100, h100, ...)")
     g.add_argument("--name", default=None, help="the sweep's name in the results DB")
     if merge:
         parser.add_argument("--merge", action="store_true",
                             help="add the trials to a same-named sweep that holds results of other trials")
+
+
+KNOWN_VOCABS = {"gpt2": 50257, "gpt2-medium": 50257, "gpt-neo-125m": 50257, "llama-7b": 32000}
 
 
 def _param_counts(trial: Any) -> tuple[int, int]:
@@ -69,7 +79,9 @@ def _param_counts(trial: Any) -> tuple[int, int]:
     from ablate import models
 
     fam = models.options_module(trial.architecture)
-    vocab = trial.tokenizer.vocab_size or 32000
+    # a loaded tokenizer's size is known only once it is loaded (transformers, maybe the hub): the common ones here
+    vocab = (KNOWN_VOCABS.get(trial.tokenizer.name.rsplit("/", 1)[-1], 32000) if trial.tokenizer.name
+             else trial.tokenizer.vocab_size or 32000)
     total, inter = fam.param_count(trial, vocab), fam.inter_token_params(trial)
     if trial.objective in ("bidirectional", "autoencoder"):
         # two stacks sharing one embedding and head (untied: two vocab x d_model matrices; tied: one)
@@ -78,8 +90,8 @@ def _param_counts(trial: Any) -> tuple[int, int]:
         if trial.objective == "bidirectional" and trial.architecture == "mixer":  # one feed-forward per block
             total -= trial.layers * fam.feed_forward_params(trial)
     if trial.objective == "classification":  # the class head (the LM head stays, frozen)
-        classes = trial.objective_settings().classes
-        total += trial.d_model * classes + classes
+        settings = trial.objective_settings()
+        total += trial.d_model * settings.classes + (settings.classes if settings.bias else 0)
     return total, inter
 
 
@@ -96,8 +108,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     spec, trials = load_trials(args.spec, max_trials=args.max_trials, overrides=_overrides(args))
     table = Table(title=f"sweep {spec.name}: {spec.description}".rstrip(": "), title_justify="left")
     show_objective = any(t.objective != "clm" for t in trials)
+    show_horizon = any(t.horizon is not None for t in trials)  # the schedule's planned length, where a study gave one
     for col in ("#", "fingerprint", "architecture", *(["objective"] if show_objective else []), "options", "d_model", "layers", "heads", "context", "lr",
-                "batch", "seed", "params", "inter-token", "reference"):
+                "batch", *(["horizon"] if show_horizon else []), "seed", "params", "inter-token", "reference"):
         table.add_column(col, justify="right" if col not in ("fingerprint", "architecture", "options") else "left")
     per_class: dict[str, float] = defaultdict(float)
     listed = len(trials) if args.all else min(len(trials), STATUS_ROWS)  # rendering 10,000 rows takes seconds
@@ -115,7 +128,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         opts = ",".join(f"{k}={v}" for k, v in sorted(t.options.items()))
         objective = [objective_label(t.objective, t.objective_options)] if show_objective else []
         table.add_row(str(i), t.fingerprint(), t.architecture, *objective, opts, str(t.d_model), str(t.layers),
-                      str(t.heads or "-"), str(t.context), f"{t.lr:g}", str(t.batch_size), str(t.seed),
+                      str(t.heads or "-"), str(t.context), f"{t.lr:g}",
+                      f"{t.batch_size}x{t.grad_accum}" if t.grad_accum > 1 else str(t.batch_size),
+                      *([t.horizon.describe() if t.horizon else "budget"] if show_horizon else []), str(t.seed),
                       human_count(total), human_count(inter), ref_text)
     if listed < len(trials):
         table.caption, table.caption_justify = f"the first {listed:,} of {len(trials):,} trials; --all lists every one", "left"
@@ -137,6 +152,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except AblateError as exc:
         err_console.print(f"[yellow]warning:[/] {escape(str(exc))} `ablate sweep run` and the sweep flow check the data "
                           "before any trial starts, and stop with this message where it cannot load")
+    for note in spec.overrides:
+        console.print(f"override: {note}", highlight=False)
+    if spec.retrieval is not None:
+        console.print(f"retrieval stage: {spec.retrieval.describe()}", highlight=False)
     recipes = list(dict.fromkeys(describe_recipe(t) for t in trials))
     for text in recipes[:5]:  # a grid over lr or betas has as many recipes as values; the first few say enough
         console.print(f"recipe {spec.recipe}: {text}", highlight=False)
@@ -667,7 +686,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
             raise AblateError(f"--slots {item!r}: write HARDWARE=N, e.g. --slots rtx3060=1 --slots v100=4")
         slots[hardware] = int(n)
-    names = deploy_all(Path(args.sweeps), db_url=args.db, artifacts=args.artifacts, slots=slots)
+    names = deploy_all(Path(args.sweeps), db_url=args.db, artifacts=args.artifacts, slots=slots, pools=args.pool)
     console.print("registered: " + ", ".join(names))
     console.print("start workers with: prefect worker start --pool sweeps  and  prefect worker start --pool HARDWARE")
     return 0
@@ -780,6 +799,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("deploy", parents=[common], help="register Prefect deployments sweep/<name> and trial/<hardware>")
     s.add_argument("--sweeps", default="sweeps", help="folder of sweep files")
+    s.add_argument("--pool", action="append", default=[], metavar="HARDWARE",
+                   help="also a work pool and trial deployment for this hardware (for --param hardware=... overrides)")
     s.add_argument("--artifacts", default=None, help="shared artifacts path the workers use")
     s.add_argument("--slots", action="append", default=[], metavar="HARDWARE=N",
                    help="GPU slots (pool concurrency) per hardware class; default 1")

@@ -25,7 +25,8 @@ import torch
 from filelock import FileLock
 
 from ablate.errors import AblateError, did_you_mean
-from ablate.spec import DatasetRef, TokenizerRef, fingerprint, is_local_source
+from ablate.sources import is_local_source
+from ablate.spec import DatasetRef, TokenizerRef, fingerprint
 
 
 @dataclass(frozen=True)
@@ -329,11 +330,15 @@ def _train_bpe(docs, ref: TokenizerRef, progress: bool):
 class TokenRows:
     """Rows of `context` token ids, memory-mapped; labels are -100 past each row's length (pad packing).
 
+    `unscored_id`: a token that is input but never a target (label -100 wherever it stands): the end-of-text
+    token each document gets, when a trial does not score it (`eos_is_target: false`, the studies' recipe: the
+    authors' collator masked pad = eos to -100, so their losses have no end-of-story target).
     A labelled corpus (dataset.label_field) gives, instead of token labels, each row's class at the row's last
     real token and -100 everywhere else: the classification objective reads both the class and the length
     from that one tensor."""
 
-    def __init__(self, folder: Path, split: str, meta: dict[str, Any]):
+    def __init__(self, folder: Path, split: str, meta: dict[str, Any], unscored_id: int | None = None):
+        self.unscored_id = unscored_id
         info = meta["splits"][split]
         self.rows, self.context = info["rows"], meta["context"]
         self.n_tokens: int = info["tokens"]
@@ -358,6 +363,9 @@ class TokenRows:
             if self.classes is not None:  # a labelled row: its class at its last token, nothing else counted
                 labels.fill_(-100)
                 labels[torch.arange(len(idx)), lengths - 1] = torch.from_numpy(self.classes[idx].astype(np.int64))
+                return ids, labels
+        if self.unscored_id is not None:
+            labels[ids == self.unscored_id] = -100
         return ids, labels
 
     def order(self, epoch: int, seed: int) -> np.ndarray:
@@ -391,8 +399,10 @@ class Prepared:
             self.tokenizer.save_pretrained(str(folder))
 
 
-def prepare(dataset: DatasetRef, tokenizer: TokenizerRef, context: int, root: Path, progress: bool = True) -> Prepared:
-    """Tokenizer and packed token rows for (corpus, tokenizer, context, packing), built once and shared."""
+def prepare(dataset: DatasetRef, tokenizer: TokenizerRef, context: int, root: Path, progress: bool = True,
+            eos_is_target: bool = True) -> Prepared:
+    """Tokenizer and packed token rows for (corpus, tokenizer, context, packing), built once and shared.
+    `eos_is_target: False`: the end-of-text token stays in the rows as input but is never a target."""
     root = Path(root)
     tok_fp = tokenizer_fingerprint(tokenizer, dataset)
     key = fingerprint({"dataset": dataset.model_dump(mode="json"), "tokenizer": tok_fp, "context": context,
@@ -417,8 +427,10 @@ def prepare(dataset: DatasetRef, tokenizer: TokenizerRef, context: int, root: Pa
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)
     meta = json.loads((folder / "meta.json").read_text())
+    unscored = None if eos_is_target else meta["eos_id"]
     return Prepared(vocab_size=meta["vocab_size"], pad_id=meta["pad_id"], eos_id=meta["eos_id"],
-                    train=TokenRows(folder, "train", meta), eval=TokenRows(folder, "eval", meta), cache_dir=folder,
+                    train=TokenRows(folder, "train", meta, unscored), eval=TokenRows(folder, "eval", meta, unscored),
+                    cache_dir=folder,
                     _tokenizer=lambda: get_tokenizer(tokenizer, dataset, root, progress),
                     tokenizer_file=None if tokenizer.name else root / "tokenizers" / tok_fp / "tokenizer.json")
 

@@ -508,7 +508,7 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
                 figures += _save_figure(draw_curves(engine, t, spec.report.curves, plan), stem, formats, embedded)
     files = figures + points_files
     summary = _summary(views)
-    recipe = recipe_lines(views)
+    recipe = recipe_lines(views) + [f"Override: {note}" for note in spec.overrides]  # incl. hardware not the study's
     orderings = check_orderings(spec, views)
     samples, sampleable = (_samples(views, spec.report.prompt, url, artifacts) if spec.report.prompt
                            and "samples" not in skip else ([], 0))

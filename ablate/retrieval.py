@@ -28,7 +28,7 @@ from ablate import db
 from ablate.budget import lr_at
 from ablate.errors import AblateError, did_you_mean
 from ablate.generate import load_checkpoint_model, load_checkpoint_tokenizer, run_checkpoint
-from ablate.spec import TrialConfig
+from ablate.spec import RetrievalPlan, RetrievalSettings, TrialConfig
 
 PAIR_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -117,18 +117,25 @@ def _positions(lengths: Tensor, index: int) -> Tensor:
 
 @torch.no_grad()
 def embed_texts(model: nn.Module, tokenizer: Any, texts: Sequence[str], context: int, index: int = -2,
-                batch_size: int = 32, progress: bool = True, device: str | None = None) -> Tensor:
-    """(N, D) float32 last-hidden-layer embeddings at token `index` of each text's real tokens.
+                batch_size: int = 32, progress: bool = True, device: str | None = None,
+                position: str = "text") -> Tensor:
+    """(N, D) float32 last-hidden-layer embeddings at token `index` of each text.
 
-    Texts are tokenized as the trainer packs documents (tokens + eos, truncated to `context`), so the
-    default -2 is the last text token, whose output was trained to predict eos; rows are right-padded.
+    position "text": texts are tokenized as the trainer packs documents (tokens + eos, truncated to `context`) and
+    `index` counts from the end of those, so the default -2 is the last text token; rows are right-padded.
+    position "window": every text is truncated and right-padded with pad (= eos) to the whole `context` window and
+    `index` counts from the window's end, as the authors' retrieval scripts did (`padding='max_length'`, then
+    `hidden[..., -2, :]`): for a text shorter than the window, the state of a pad token that has read all of it.
     """
     device = torch.device(device or next(model.parameters()).device)
     model = model.to(device)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     pad = eos if pad is None else pad
-    rows = [(ids + ([eos] if eos is not None else []))[:context] or [pad]
-            for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+    encoded = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    if position == "window":
+        rows = [ids[:context] + [pad] * (context - len(ids[:context])) for ids in encoded]
+    else:
+        rows = [(ids + ([eos] if eos is not None else []))[:context] or [pad] for ids in encoded]
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # similar lengths together: little padding
     out: Tensor | None = None
     last_print = 0.0
@@ -170,16 +177,22 @@ class RetrievalBlock(nn.Module):
 
 
 class RetrievalMixer(nn.Module):
-    """Scores c candidate texts for a query: position 0 is the summary embedding, 1..c the texts."""
+    """Scores c candidate texts for a query: position 0 is the summary embedding, 1..c the texts.
 
-    def __init__(self, input_dim: int, candidates: int, d_model: int = 128, layers: int = 2):
+    `d_model` None works at the embeddings' own width with no projection, and without `input_norm` and
+    `final_norm` this is the authors' RetrievalMixer (blocks, then a linear score per position)."""
+
+    def __init__(self, input_dim: int, candidates: int, d_model: int | None = 128, layers: int = 2,
+                 input_norm: bool = True, final_norm: bool = True):
         super().__init__()
         self.candidates = candidates
-        self.input_norm = nn.LayerNorm(input_dim)  # CLM hidden states (the mixer has no final norm) vary in scale
-        self.proj = nn.Linear(input_dim, d_model)
-        self.blocks = nn.ModuleList(RetrievalBlock(d_model, candidates + 1) for _ in range(layers))
-        self.norm = nn.LayerNorm(d_model)
-        self.score = nn.Linear(d_model, 1)
+        width = d_model or input_dim
+        # CLM hidden states (the mixer has no final norm) vary in scale: the norm evens them out (not the authors')
+        self.input_norm = nn.LayerNorm(input_dim) if input_norm else nn.Identity()
+        self.proj = nn.Linear(input_dim, width) if d_model is not None else nn.Identity()
+        self.blocks = nn.ModuleList(RetrievalBlock(width, candidates + 1) for _ in range(layers))
+        self.norm = nn.LayerNorm(width) if final_norm else nn.Identity()
+        self.score = nn.Linear(width, 1)
 
     def forward(self, query: Tensor, texts: Tensor) -> Tensor:
         """query (B, D), texts (B, c, D) -> scores (B, c)."""
@@ -233,15 +246,17 @@ def _standardize(emb: Tensor, rows: Tensor) -> Tensor:
 
 
 def train_retrieval(summary_emb: Tensor, text_emb: Tensor, candidates: int = 32, steps: int | None = 1000,
-                    seconds: float | None = None, lr: float = 1e-3, seed: int = 0, eval_fraction: float = 0.2,
-                    batch_size: int = 64, d_model: int = 128, layers: int = 2, eval_rounds: int = 8,
-                    progress: bool = False, standardize: bool = True) -> dict[str, float]:
-    """Train a retrieval mixer on (summary, text) embedding pairs (row i matches row i); held-out pairs
-    are never seen in training, not even as negatives. Deterministic for a seed (on one device).
-    `standardize`: per-feature z-scores of the embeddings first (not the study's method, and it changes the
-    published transformer failure: off in the sweeps that reproduce those tables)."""
-    if steps is None and seconds is None:
-        raise AblateError("train_retrieval: give steps or seconds")
+                    seconds: float | None = None, seed: int = 0, *, epochs: float | None = None,
+                    settings: RetrievalSettings | None = None, eval_fraction: float = 0.2, eval_rounds: int = 8,
+                    progress: bool = False, **overrides: Any) -> dict[str, float]:
+    """Train a retrieval mixer on (summary, text) embedding pairs (row i matches row i), scoring `candidates`
+    texts per query; held-out pairs are never seen in training, not even as negatives. Deterministic for a seed
+    (on one device). Length: `steps`, `epochs` (passes over the training pairs) or `seconds`, whichever ends
+    first. The model and optimiser: `settings` (spec.RetrievalSettings), any of its fields overridden by keyword
+    (lr=..., d_model=..., standardize=...)."""
+    settings = RetrievalSettings(**{**(settings or RetrievalSettings()).model_dump(), **overrides})
+    if steps is None and seconds is None and epochs is None:
+        raise AblateError("train_retrieval: give steps, epochs or seconds")
     n = len(summary_emb)
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(n, generator=gen)
@@ -250,21 +265,28 @@ def train_retrieval(summary_emb: Tensor, text_emb: Tensor, candidates: int = 32,
     if min(len(held_out), len(train_pool)) < candidates:
         raise AblateError(f"train_retrieval: {len(train_pool)} train / {len(held_out)} held-out pairs, fewer than "
                           f"candidates={candidates}; use more pairs or fewer candidates")
+    if epochs is not None:
+        by_epochs = math.ceil(epochs * len(train_pool) / settings.batch_size)
+        steps = by_epochs if steps is None else min(steps, by_epochs)
     summaries, texts = summary_emb.float(), text_emb.float()
-    if standardize:
+    if settings.standardize:
         summaries, texts = _standardize(summaries, train_pool), _standardize(texts, train_pool)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = RetrievalMixer(summaries.shape[-1], candidates, d_model, layers)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+        model = RetrievalMixer(summaries.shape[-1], candidates, settings.d_model, settings.layers,
+                               settings.input_norm, settings.final_norm)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    warmup = settings.warmup_steps
     t0, step, losses = time.perf_counter(), 0, []
     while True:
         f = max(step / steps if steps else 0.0, (time.perf_counter() - t0) / seconds if seconds else 0.0)
         if f >= 1.0:
             break
+        ramp = None if warmup is None else (step / warmup if warmup else 1.0)
+        ends = 0.05 if warmup is None else (min(warmup / steps, 0.999) if steps else 0.0)
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(f, lr, "cosine", 0.05)
-        q = train_pool[torch.randint(0, len(train_pool), (batch_size,), generator=gen)]  # (B,)
+            group["lr"] = lr_at(f, settings.lr, settings.schedule, ends, ramp=ramp)
+        q = train_pool[torch.randint(0, len(train_pool), (settings.batch_size,), generator=gen)]  # (B,)
         cands, where = sample_candidates(q, train_pool, candidates, gen)  # (B, c), (B,)
         loss = F.cross_entropy(model(summaries[q], texts[cands]), where)
         optimizer.zero_grad(set_to_none=True)
@@ -276,7 +298,7 @@ def train_retrieval(summary_emb: Tensor, text_emb: Tensor, candidates: int = 32,
         if progress and step % 100 == 0:
             sys.stderr.write(f"\rretrieval c={candidates} step {step} loss {losses[-1]:.3f}")
     train_seconds = time.perf_counter() - t0
-    eval_loss, accuracy = _evaluate(model, summaries, texts, held_out, candidates, eval_rounds, batch_size, seed)
+    eval_loss, accuracy = _evaluate(model, summaries, texts, held_out, candidates, eval_rounds, settings.batch_size, seed)
     if progress:
         sys.stderr.write(f"\rretrieval c={candidates}: eval loss {eval_loss:.3f}, accuracy {accuracy:.3f}\n")
     tail = losses[-max(1, len(losses) // 10):]
@@ -299,13 +321,19 @@ def info_nce_loss(query_emb: Tensor, match_emb: Tensor, negative_embs: Tensor) -
 # ---------------------------------------------------------------- study
 
 
-def retrieval_study(run_ids: Sequence[int], db_url: str | None, pairs: Any, candidates: Sequence[int] = (32, 128),
-                    steps: int | None = 1000, seconds: float | None = None, lr: float = 1e-3, seed: int = 0,
-                    index: int = -2, progress: bool = True, artifacts: str | Path | None = None,
-                    standardize: bool = True):
-    """For each run: embed the pairs with its checkpoint (inside `artifacts`) and train one retrieval model per c."""
+def retrieval_study(run_ids: Sequence[int], db_url: str | None, pairs: Any, plan: RetrievalPlan | None = None,
+                    candidates: Sequence[int] | None = None, steps: int | None = None, seconds: float | None = None,
+                    seed: int = 0, progress: bool = True, artifacts: str | Path | None = None, **settings: Any):
+    """For each run: embed the pairs with its checkpoint (inside `artifacts`) and train one retrieval model per c.
+
+    `plan`: a sweep's retrieval block (embedding position, candidates, length, model settings); `candidates` and
+    `steps` override it, and keyword settings (lr=..., d_model=...) override its model settings."""
     import pandas as pd
 
+    plan = plan or RetrievalPlan(pairs={"source": "-"})
+    if steps is not None or seconds is not None:
+        plan = plan.model_copy(update={"steps": steps, "epochs": None})
+    model_settings = RetrievalSettings(**{**plan.settings().model_dump(), **settings})
     summaries, texts = _columns(pairs)
     engine = db.connect(db_url)  # the process-wide engine for this URL: not ours to dispose
     rows = []
@@ -318,15 +346,15 @@ def retrieval_study(run_ids: Sequence[int], db_url: str | None, pairs: Any, cand
         if not hasattr(model, "hidden_states"):
             raise AblateError(f"the {trial.architecture}/{trial.objective} model has no hidden_states(); "
                               "retrieval embeds with causal-LM runs")
-        summary_emb = embed_texts(model, tokenizer, summaries, trial.context, index, progress=progress)
-        text_emb = embed_texts(model, tokenizer, texts, trial.context, index, progress=progress)
-        for c in candidates:
-            out = train_retrieval(summary_emb, text_emb, c, steps, seconds, lr, seed, progress=progress,
-                                  standardize=standardize)
+        summary_emb, text_emb = (embed_texts(model, tokenizer, column, trial.context, plan.index, progress=progress,
+                                             position=plan.position) for column in (summaries, texts))
+        for c in candidates or plan.candidates:
+            out = train_retrieval(summary_emb, text_emb, plan.texts_per_query(c), plan.steps, seconds, seed,
+                                  epochs=plan.epochs, settings=model_settings, progress=progress)
             rows.append({"run_id": run_id, "architecture": trial.architecture, "d_model": trial.d_model,
                          "layers": trial.layers, "heads": trial.heads, "c": c, "eval_loss": out["eval_loss"],
                          "accuracy": out["accuracy"], "chance_loss": out["chance_loss"],
-                         "train_loss": out["train_loss"]})
+                         "train_loss": out["train_loss"], "steps": out["steps"]})
     return pd.DataFrame(rows)
 
 
@@ -375,9 +403,8 @@ def run_stage(name: str, db_url: str | None = None, out: Path | None = None, *, 
                             .order_by(db.Run.id)).scalars().all()
     if not runs:
         raise AblateError(f"sweep {name!r} has no completed runs to embed with yet (ablate sweep status {name})")
-    table = retrieval_study(runs, db_url, stage_pairs(plan), candidates or plan.candidates, steps or plan.steps,
-                            lr=plan.lr, index=plan.index, progress=progress, artifacts=artifacts,
-                            standardize=plan.standardize)
+    table = retrieval_study(runs, db_url, stage_pairs(plan), plan, candidates, steps, progress=progress,
+                            artifacts=artifacts)
     with engine.begin() as conn:
         conn.execute(sa.delete(db.Metric).where(db.Metric.run_id.in_(runs), db.Metric.split == RETRIEVAL_SPLIT))
         conn.execute(sa.insert(db.Metric), [
@@ -403,10 +430,13 @@ def _published(plan: Any, trial: TrialConfig, c: int) -> float | None:
 def stage_markdown(name: str, table: Any, plan: Any) -> str:
     """Runs as rows, candidate counts as columns; each cell 'ours (published)' held-out loss, then accuracy."""
     cs = sorted(set(table.c))
+    slots = ("c counts the query's slot: the query and c-1 texts (the authors' n_context), chance ln(c-1)"
+             if plan.candidates_count_query else "the query and c texts, chance ln c")
+    steps = sorted(set(table.steps)) if "steps" in table else [plan.steps]
     lines = [f"# Retrieval: {name}", "",
-             f"Held-out cross-entropy over c candidates (chance = ln c), ours (published); embedding token "
-             f"{plan.index}; {plan.steps} retrieval steps per cell; embeddings "
+             f"Held-out cross-entropy over the candidates ({slots}), ours (published); embeddings "
              f"{'standardized per feature (not the study method)' if plan.standardize else 'as the model gave them (the study method)'}.", "",
+             f"Retrieval model: {plan.describe()} ({', '.join(str(s) for s in steps)} steps trained).", "",
              "| run | model | " + " | ".join(f"c={c}" for c in cs) + " |", "| --- | --- |" + " --- |" * len(cs)]
     for run_id, rows in table.groupby("run_id", sort=True):
         first = rows.iloc[0]
@@ -422,5 +452,5 @@ def stage_markdown(name: str, table: Any, plan: Any) -> str:
             cells.append(f"{r.eval_loss:.2f}{ref}, acc {r.accuracy:.2f}")
         lines.append(f"| {run_id} | {first.architecture} d={first.d_model} n={first.layers}{heads} | "
                      + " | ".join(cells) + " |")
-    lines += ["", "Chance: " + ", ".join(f"c={c}: {math.log(c):.2f}" for c in cs), ""]
+    lines += ["", "Chance: " + ", ".join(f"c={c}: {math.log(plan.texts_per_query(c)):.2f}" for c in cs), ""]
     return "\n".join(lines)

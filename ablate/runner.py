@@ -291,6 +291,8 @@ def register(spec_path: str | Path, db_url: str | None = None, max_trials: int =
     that would leave results of other trials under its name is refused unless `merge` (db.register_sweep).
     """
     spec, trials = load_trials(spec_path, max_trials=max_trials, overrides=overrides)
+    for note in spec.overrides if say is not None else ():
+        say(f"sweep {spec.name}: {note}")
     engine = db.connect(db_url)
     if artifacts is not None:
         prepare_data(trials, artifacts, say=say)

@@ -22,6 +22,8 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 
 from ablate import models
 from ablate.errors import SpecError, did_you_mean, one_of, show
+from ablate.overrides import apply_overrides
+from ablate.sources import has_splits, is_local_source, looks_like_path
 
 MAX_TRIALS = 10_000
 OBJECTIVES = ("clm", "bidirectional", "multi_token", "autoencoder", "one_step", "classification")
@@ -229,11 +231,6 @@ class EvalSplit(Frozen):
         return self
 
 
-def is_local_source(source: str) -> bool:
-    """Whether a dataset source names local files or an embedded corpus (else: a hub id)."""
-    return source.startswith(("/", ".", "~", "ablate:")) or os.path.exists(source) or any(c in source for c in "*?[")
-
-
 class DatasetRef(LaterFields):
     """A corpus: a hub id (with config and split), or local files (text, jsonl, parquet, arrow, a saved dataset)."""
 
@@ -314,6 +311,7 @@ class ClassificationOptions(Frozen):
     pooling: Literal["mean", "last"] = Field("mean", description="mean: the average of the per-position class "
                                              "scores over the document (the MetaFormer study's head); last: the "
                                              "last token's hidden state (which, causally, has read the whole text)")
+    bias: bool = Field(True, description="a bias in the class projection (the MetaFormer study code's has none)")
 
 
 class NoOptions(Frozen):
@@ -354,7 +352,8 @@ class Horizon(Frozen):
 
     def describe(self) -> str:
         kind = next(k for k in ("steps", "tokens", "epochs") if getattr(self, k) is not None)
-        return f"{getattr(self, kind)} {kind}"
+        value = getattr(self, kind)
+        return f"{value:g} {kind}" if isinstance(value, float) else f"{value} {kind}"
 
 
 def _betas(value: tuple[float, float]) -> tuple[float, float]:
@@ -365,11 +364,13 @@ def _betas(value: tuple[float, float]) -> tuple[float, float]:
 
 # The studies' recipe (HF Trainer defaults in the authors' code, STUDIES.md "Facts from the authors' public code"):
 # fp16 with a loss scaler, AdamW betas (0.9, 0.999), 500 warm-up steps, then linear decay (over the sweep's
-# `horizon` where the study planned one), no torch.compile. "modern" is the project's own: precision by hardware,
+# `horizon` where the study planned one), no torch.compile, and no end-of-text target (the authors tokenised
+# without special tokens and their collator set pad = eos to -100: no document's end was ever scored). "modern" is the project's own: precision by hardware,
 # betas (0.9, 0.95), warm-up 2% of the budget, a schedule ending exactly at the budget, compile on GPU.
 RECIPES: dict[str, dict[str, Any]] = {
     "modern": {},
-    "studies": {"precision": "fp16", "betas": (0.9, 0.999), "warmup_steps": 500, "schedule": "linear", "compile": False},
+    "studies": {"precision": "fp16", "betas": (0.9, 0.999), "warmup_steps": 500, "schedule": "linear", "compile": False,
+                "eos_is_target": False},
 }
 # one setting each: a sweep that gives one of a pair overrides the recipe's other
 _EXCLUSIVE = {"warmup": "warmup_steps", "warmup_steps": "warmup"}
@@ -387,7 +388,9 @@ def describe_recipe(trial: TrialConfig) -> str:
     horizon = f"over {trial.horizon.describe()}" if trial.horizon else "ending at the budget"
     b1, b2 = trial.betas
     return (f"precision {trial.precision}, AdamW betas ({b1:g}, {b2:g}), weight decay {trial.weight_decay:g}, {warm}, "
-            f"{trial.schedule} schedule {horizon}, compile {'auto' if trial.compile is None else trial.compile}")
+            f"{trial.schedule} schedule {horizon}, compile {'auto' if trial.compile is None else trial.compile}"
+            + ("" if trial.objective == "classification" else  # its target is the class, at the end-of-text position
+               f", end-of-text {'scored' if trial.eos_is_target else 'not scored (input only)'}"))
 
 
 class TrialConfig(Frozen):
@@ -418,6 +421,9 @@ class TrialConfig(Frozen):
     seed: Int32 = Field(0, ge=0)
     mode: Literal["train", "memory_probe"] = "train"
     on_oom: Literal["record", "shrink"] = "record"
+    # whether the end-of-text token each document gets (pad packing: after the text; concat: between documents) is a
+    # target of the loss; false keeps it as input only, as the studies' collator did (pad = eos labelled -100)
+    eos_is_target: bool = True
     dataset: DatasetRef
     tokenizer: TokenizerRef = TokenizerRef()
     budget: Budget
@@ -512,7 +518,8 @@ GRID_FIELDS = tuple(f for f in TrialConfig.model_fields if f not in SWEEP_LEVEL_
 
 # fields added after runs were recorded, at the value every earlier trial had: left out of the fingerprint there,
 # so that those trials keep their identity
-_LEGACY_DEFAULTS: dict[str, Any] = {"objective_options": {}, "betas": [0.9, 0.95], "warmup_steps": None, "horizon": None}
+_LEGACY_DEFAULTS: dict[str, Any] = {"objective_options": {}, "betas": [0.9, 0.95], "warmup_steps": None, "horizon": None,
+                                    "eos_is_target": True}
 
 
 def trial_fingerprint(config: dict[str, Any]) -> str:
@@ -640,16 +647,46 @@ class RetrievalReference(Frozen):
     eval: Real
 
 
-class RetrievalPlan(Frozen):
+class RetrievalSettings(Frozen):
+    """The retrieval model and its optimisation. Defaults: a small, quick model (input norm, width 128, 2 blocks,
+    AdamW lr 1e-3 wd 0.01, cosine decay); the study sweeps give the authors' (no input norm, the embedding's
+    width, 8 blocks, no final norm, HF Trainer AdamW lr 1e-4 without decay, 500 warm-up steps, linear decay)."""
+
+    lr: Real = Field(1e-3, gt=0, le=1)
+    standardize: bool = Field(True, description="z-score embeddings per feature before the retrieval model (not the "
+                              "study's method: it changes the published transformer failure at c=1024)")
+    d_model: Whole | None = Field(128, gt=0, description="the retrieval blocks' width; null: the embedding's own "
+                                  "width, with no input projection (the authors')")
+    layers: Whole = Field(2, gt=0, le=64, description="retrieval mixer blocks (the authors': 8)")
+    input_norm: bool = Field(True, description="a LayerNorm on the embeddings before the model (the authors' had none: "
+                             "like standardize, it evens out the embeddings' scales)")
+    final_norm: bool = Field(True, description="a LayerNorm before the scoring head (the authors' had none)")
+    weight_decay: Real = Field(0.01, ge=0, description="AdamW weight decay (the HF Trainer's default: 0)")
+    batch_size: Whole = Field(64, gt=0, description="queries per step (the authors': 32 on TinyStories, 128 on FineWeb)")
+    schedule: Literal["cosine", "linear"] = "cosine"
+    warmup_steps: Whole | None = Field(None, ge=0, description="warm-up in steps; null: 5% of the training steps")
+
+
+# the settings every retrieval block had before they were fields (all but lr, a field from the start): at these
+# values they are left out of sweep fingerprints, so that earlier sweeps keep their identity
+_RETRIEVAL_LEGACY = {name: field.default for name, field in RetrievalSettings.model_fields.items() if name != "lr"}
+
+
+class RetrievalPlan(RetrievalSettings):
     """The retrieval stage after training: embed pairs with each completed run, train a retrieval model per c."""
 
     pairs: PairsRef
     candidates: tuple[Whole, ...] = Field((32, 128), min_length=1)
+    candidates_count_query: bool = Field(False, description="c counts the query's slot: c=32 is the query and 31 "
+                                         "texts (the authors' n_context, whose chance loss is ln 31 = 3.43); "
+                                         "false: the query and c texts")
     index: Whole = Field(-2, description="token whose last hidden state embeds a text: -2 second-to-last, -1 last")
-    steps: Whole = Field(1000, gt=0, description="retrieval-model training steps per run and c")
-    lr: Real = Field(1e-3, gt=0, le=1)
-    standardize: bool = Field(True, description="z-score embeddings per feature before the retrieval model (not the "
-                              "study's method: it changes the published transformer failure at c=1024)")
+    position: Literal["text", "window"] = Field("text", description="where `index` counts: text: from the end of each "
+                                               "text's own tokens (+ eos); window: from the end of the context window, "
+                                               "each text right-padded to it with pad = eos (the authors')")
+    steps: Whole | None = Field(1000, gt=0, description="retrieval-model training steps per run and c")
+    epochs: Real | None = Field(None, gt=0, description="instead of steps: passes over the training pairs (the "
+                                "authors': 200 on TinyStories, 50 on FineWeb)")
     reference: list[RetrievalReference] = Field(default_factory=list)
 
     @field_validator("candidates")
@@ -666,6 +703,41 @@ class RetrievalPlan(Frozen):
             raise ValueError(f"index counts from the end of each text: -1 (last token) or -2 (second to last), got {v}")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_length(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("epochs") is not None:
+            if data.get("steps") is not None:
+                raise ValueError("give retrieval.steps or retrieval.epochs, not both")
+            data = {**data, "steps": None}
+        return data
+
+    @model_validator(mode="after")
+    def _query_slot(self) -> RetrievalPlan:
+        if self.steps is None and self.epochs is None:
+            raise ValueError("give retrieval.steps (e.g. 1000) or retrieval.epochs")
+        if self.candidates_count_query and min(self.candidates) < 3:
+            raise ValueError("with candidates_count_query, each c holds the query and c-1 texts: c >= 3")
+        return self
+
+    def describe(self) -> str:
+        """The stage in one line (plan and the stage's table print it)."""
+        width = "the embedding width" if self.d_model is None else f"width {self.d_model}"
+        warm = "5% warm-up" if self.warmup_steps is None else f"{self.warmup_steps} warm-up steps"
+        length = f"{self.epochs:g} epochs" if self.epochs is not None else f"{self.steps} steps"
+        return (f"{self.layers} blocks at {width}, input norm {'on' if self.input_norm else 'off'}, final norm "
+                f"{'on' if self.final_norm else 'off'}; AdamW lr {self.lr:g}, weight decay {self.weight_decay:g}, batch "
+                f"{self.batch_size}, {self.schedule} decay after {warm}; {length} per cell; embeddings at token "
+                f"{self.index} of the {self.position}{', standardized' if self.standardize else ''}; c "
+                f"{'counts the query (c-1 texts)' if self.candidates_count_query else 'texts per query'}")
+
+    def settings(self) -> RetrievalSettings:
+        return RetrievalSettings(**{k: getattr(self, k) for k in RetrievalSettings.model_fields})
+
+    def texts_per_query(self, c: int) -> int:
+        """How many candidate texts a cell labelled c scores."""
+        return c - 1 if self.candidates_count_query else c
+
 
 class SweepSpec(Frozen):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
@@ -681,13 +753,20 @@ class SweepSpec(Frozen):
     report: ReportBlock = ReportBlock()
     reference: list[Reference] = Field(default_factory=list)
     retrieval: RetrievalPlan | None = None
+    # what overrides changed from the file (apply_overrides), in words: plan and the report print them
+    overrides: tuple[str, ...] = ()
 
     def fingerprint(self) -> str:
         data = self.model_dump(mode="json")
+        del data["overrides"]  # a description of the changes, not one: the changed fields are in the spec
         if data["retrieval"] is None:  # sweeps without a retrieval stage keep their identity
             del data["retrieval"]
-        elif data["retrieval"]["standardize"]:  # as do those whose stage standardizes, as every one did before
-            del data["retrieval"]["standardize"]
+        else:  # as do those whose stage has the settings every one had before they were fields
+            stage = data["retrieval"]
+            for key, value in {**_RETRIEVAL_LEGACY, "candidates_count_query": False, "position": "text",
+                               "epochs": None}.items():
+                if key in stage and stage[key] == value:
+                    del stage[key]
         if not data["report"]["orderings"]:  # as do sweeps that check no published ordering
             del data["report"]["orderings"]
         if data["recipe"] == "modern":  # and sweeps on the project's own recipe
@@ -776,20 +855,25 @@ def parse_spec(data: Any, source: str = "<spec>", base_dir: Path | None = None) 
         spec = SweepSpec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(_pydantic_problems(exc, value_of=SweepSpec), source) from None
-    problems = _check_blocks(spec)
+    problems = _check_blocks(spec) + _local_split_problems(spec)
     if problems:
         raise SpecError(problems, source)
     return spec
 
 
-# Suffixes of data files: a source ending in one of these is a local path, never a hub id.
-DATA_SUFFIXES = (".txt", ".text", ".jsonl", ".json", ".parquet", ".arrow", ".csv", ".tsv", ".xz", ".gz", ".zst", ".bz2")
-
-
-def looks_like_path(source: str) -> bool:
-    """Whether a source can only mean a local path (a hub id is `name` or `org/name`, with no data-file suffix)."""
-    return (source.startswith((".", "/", "~")) or source.count("/") > 1 or "\\" in source
-            or any(c in source for c in "*?[") or source.lower().endswith(DATA_SUFFIXES))
+def _local_split_problems(spec: SweepSpec) -> list[str]:
+    """An eval split named for a local source, which has none (only a save_to_disk DatasetDict folder has splits):
+    refused when the spec is read, as preparing its data would refuse it."""
+    refs = [("dataset", spec.dataset)]
+    if spec.tokenizer.trained_on is not None:
+        refs.append(("tokenizer.trained_on", spec.tokenizer.trained_on))
+    problems = []
+    for where, ref in refs:
+        if ref.eval.split is not None and not ref.from_hub and not has_splits(ref.source):
+            problems.append(f"{where}.eval.split: {ref.source} is a local source, which has no split "
+                            f"{ref.eval.split!r}; hold documents out instead, e.g. eval: {{holdout: 1000}} (or "
+                            "--holdout N / --param holdout=N)")
+    return problems
 
 
 def _resolve_local(dataset: dict[str, Any], base_dir: Path, must_exist: bool = True) -> dict[str, Any]:
@@ -1043,51 +1127,6 @@ def load_trials(path: str | Path, max_trials: int = MAX_TRIALS,
     overrides = {k: v for k, v in (overrides or {}).items() if v not in (None, "")}
     spec = load_spec(path) if not overrides else override_spec(path, overrides)
     return spec, expand_grid(spec, source=str(path), max_trials=max_trials)
-
-
-OVERRIDES = ("budget", "source", "vocab_size", "name")  # what a deployment run may change without editing the file
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9_-]+", "-", text.lower()).strip("-")[:40] or "x"
-
-
-def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """A sweep file's contents with `overrides` applied: `budget` ("10m" wall clock, or "steps=200",
-    "tokens=50M", "flops=1e15"; hardware and gpus stay), `source` (dataset.source), `vocab_size` (train a BPE of
-    that size), `name`. Other trials are another experiment: without a `name`, the sweep is named after the
-    changes (smoke-budget-10m), so it never mixes with the file's own sweep."""
-    unknown = sorted(k for k, v in overrides.items() if v is not None and k not in OVERRIDES)
-    if unknown:
-        raise SpecError([f"override {k!r}: not one of {', '.join(OVERRIDES)}{did_you_mean(k, OVERRIDES)}"
-                         for k in unknown], "<overrides>")
-    data = dict(data)
-    suffix = []
-    budget = overrides.get("budget")
-    if budget is not None:
-        kind, _, amount = str(budget).strip().rpartition("=")
-        kind = kind.strip() or "wall_clock"
-        if kind not in ("wall_clock", "tokens", "steps", "flops"):
-            raise SpecError([f"override budget {budget!r}: the kind must be wall_clock, tokens, steps or flops, e.g. "
-                             "budget=10m or budget=steps=200"], "<overrides>")
-        kept = {k: v for k, v in (data.get("budget") or {}).items() if k in ("hardware", "gpus")}
-        value: Any = int(amount) if kind == "steps" and amount.strip().isdigit() else amount.strip()
-        data["budget"] = {**kept, kind: value}
-        suffix.append(f"budget-{'' if kind == 'wall_clock' else kind + '-'}{_slug(amount)}")
-    source = overrides.get("source")
-    if source is not None:
-        data["dataset"] = {**(data.get("dataset") or {}), "source": str(source)}
-        suffix.append(f"data-{_slug(Path(str(source)).name.split('.')[0])}")
-    vocab = overrides.get("vocab_size")
-    if vocab is not None:
-        tokenizer = {k: v for k, v in (data.get("tokenizer") or {}).items() if k != "name"}
-        data["tokenizer"] = {**tokenizer, "vocab_size": vocab}
-        suffix.append(f"vocab-{_slug(str(vocab))}")
-    if overrides.get("name"):
-        data["name"] = overrides["name"]
-    elif suffix and isinstance(data.get("name"), str):
-        data["name"] = "-".join([data["name"], *suffix])
-    return data
 
 
 def override_spec(path: str | Path, overrides: dict[str, Any]) -> SweepSpec:

@@ -82,7 +82,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
         return memory_probe(trial, settings, device, recorder, device_name, precision, hardware)
 
     prepared = data_mod.prepare(trial.dataset, trial.tokenizer, trial.context, settings.artifacts,
-                                progress=settings.progress and dist_.is_main)
+                                progress=settings.progress and dist_.is_main, eos_is_target=trial.eos_is_target)
     fam = models.family(trial.architecture)
     model = objectives.model_for(trial, prepared.vocab_size).to(device)
     params = sum(p.numel() for p in model.parameters())
@@ -97,6 +97,9 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     count_tokens = objectives.token_counter(trial)
     objectives.check_data(trial, prepared)
     lr_now = bud.schedule(trial)  # the schedule, its settings read once
+    # a run ends at its schedule's horizon when that comes before its budget, as the HF Trainer ends at its
+    # num_train_epochs / max_steps (the studies' runs were planned that way, and stopped by hand at a wall clock)
+    along_horizon = bud.schedule_position(trial) if trial.horizon is not None else None
 
     optimizer = make_optimizer(model, trial, device)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
@@ -259,7 +262,9 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
             # ---- stop check every step; all ranks agree (one tiny all-reduce in DDP)
             if recorder.lost:  # another process took this run over (we were thought dead): stop, write nothing
                 preempt["flag"] = True
-            want_stop = f >= 1.0 or preempt["flag"]
+            past_horizon = along_horizon is not None and along_horizon(
+                f, progress.step, progress.tokens, progress.samples, progress.rows) >= 1.0
+            want_stop = f >= 1.0 or preempt["flag"] or past_horizon
             want_log = (log_every_s is not None and clock.elapsed() - last_log_t >= log_every_s) or (
                 log_every_steps is not None and progress.step % log_every_steps == 0 and progress.step > 0
             ) or (kind in ("tokens", "flops") and progress.step % 50 == 0 and progress.step > 0)
@@ -289,6 +294,8 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
             if want_stop:
                 if preempt["flag"]:
                     status = "preempted"
+                elif past_horizon and f < 1.0:
+                    progress.notes["ended_at_horizon"] = {"step": progress.step, "budget_fraction": round(f, 4)}
                 break
             # ---- intermediate evals at budget fractions (clock paused)
             if progress.next_eval < len(trial.eval.at) and f >= trial.eval.at[progress.next_eval]:

@@ -69,8 +69,10 @@ def wait_for_api(timeout: float | None = None, say: Any = print) -> str:
 
 
 def deploy_all(sweeps_dir: Path = REPO / "sweeps", db_url: str | None = None, artifacts: str | None = None,
-               slots: dict[str, int] | None = None, source: Path = REPO) -> list[str]:
-    """Register every deployment; returns their names ("sweep/smoke", "trial/cpu", ...)."""
+               slots: dict[str, int] | None = None, source: Path = REPO, pools: list[str] | tuple[str, ...] = ()
+               ) -> list[str]:
+    """Register every deployment; returns their names ("sweep/smoke", "trial/cpu", ...). `pools`: hardware names
+    beyond the sweep files' that get a work pool and a trial deployment (for `hardware` overrides)."""
     slots = slots or {}
     if db_url and sa.make_url(db.resolve_url(db_url)).password:
         raise AblateError("--db carries a password, which Prefect would keep in plain text in every deployment's "
@@ -81,7 +83,7 @@ def deploy_all(sweeps_dir: Path = REPO / "sweeps", db_url: str | None = None, ar
     names = []
     ensure_pool(SWEEP_POOL, None)
     shared = {"db_url": db_url} | ({"artifacts": artifacts} if artifacts else {})
-    for hardware in sorted({s.budget.hardware for s in specs.values()}):
+    for hardware in sorted({s.budget.hardware for s in specs.values()} | set(pools)):
         ensure_pool(hardware, slots.get(hardware))  # None: no pool-wide cap; each worker runs one trial per GPU
         trial_flow = flow.from_source(source=str(source), entrypoint="flows/sweep.py:trial")
         trial_flow.deploy(name=hardware, work_pool_name=hardware, parameters=shared, print_next_steps=False)

@@ -24,6 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ablate import db, runner
+from ablate.errors import AblateError
 
 POLL_SECONDS = float(os.environ.get("ABLATE_DISPATCH_POLL_SECONDS", "5"))
 WORKER_CHECK_SECONDS = 60.0  # how often a sweep whose trials wait re-checks that their pool has a live worker
@@ -116,6 +117,20 @@ def _dead(row: db.Run, state: Any) -> bool:
         since = state.timestamp.astimezone(dt.timezone.utc).replace(tzinfo=None)
         return (db.utcnow() - since).total_seconds() > db.STALE_SECONDS
     return False
+
+
+def check_deployment(hardware: str) -> None:
+    """The trial deployment of the sweep's hardware exists, or one message says how to make it (checked before the
+    sweep registers anything)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.read_deployment_by_name(f"trial/{hardware}")
+    except ObjectNotFound:
+        raise AblateError(f"no deployment trial/{hardware}: this sweep's hardware {hardware!r} (an override?) has no work "
+                          f"pool here; run `ablate deploy --pool {hardware}` and start workers for that pool") from None
 
 
 def check_workers(client: Any, pool: str, log: Any) -> bool:

@@ -63,18 +63,25 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
           retry_failed: bool = False, use_deployments: bool = False, checkpoint_every: float | None = None,
           memory_cap_mb: float | None = None, threads: int | None = None, budget: str | None = None,
           source: str | None = None, vocab_size: int | None = None, name: str | None = None,
-          merge: bool = False, prepare_data: bool = True) -> Any:
+          merge: bool = False, prepare_data: bool = True, holdout: int | None = None, gpus: int | None = None,
+          hardware: str | None = None) -> Any:
     """Run every trial of a sweep file that is not finished yet; returns {run id: status}.
 
     Overrides without editing the file (`prefect deployment run sweep/NAME --param budget=10m`): `budget`
-    ("10m", "steps=200", ...), `source` (the dataset), `vocab_size`; the sweep is then named after them unless
-    `name` is given. `merge`: add the trials to a sweep of the same name that holds other trials' results.
+    ("10m", "steps=200", ...), `source` (the dataset; a local one where the spec evaluates on a named split holds
+    out documents instead), `holdout` (N documents), `vocab_size`, `gpus` (per trial; the global batch is kept),
+    `hardware` (the profile and work pool); the sweep is then named after them unless `name` is given. `merge`: add the trials to a sweep of the same name that holds other trials' results.
     `prepare_data`: build the token caches here first (a dataset problem fails the sweep before any trial
     starts). `threads`: torch threads per trainer process; default, the cores other jobs leave free, shared by
     the trials at once.
     """
     log = get_run_logger()
-    overrides = {"budget": budget, "source": source, "vocab_size": vocab_size, "name": name}
+    overrides = {"budget": budget, "source": source, "holdout": holdout, "vocab_size": vocab_size, "gpus": gpus,
+                 "hardware": hardware, "name": name}
+    if use_deployments and hardware:  # a pool `ablate deploy` may not have made: said before anything is registered
+        from flows.dispatch import check_deployment
+
+        check_deployment(hardware)
     parsed, sweep_id, run_ids = runner.register(spec, db_url, say=log.info, overrides=overrides, merge=merge,
                                                 artifacts=Path(artifacts) if prepare_data else None)
     engine = db.connect(db_url)

@@ -32,18 +32,21 @@ OTHER_VALUES: dict[str, dict[str, tuple[Any, Any]]] = {
     "mixer": {"expand": (1, 2), "parallel_convs": (1, 2), "kernel": (1, 3), "mixer_heads": (0, 2), "head_dim": (0, 4),
               "ffn_mult": (4, 2)},
     "hybrid": {"intermediate": (24, 40)},
-    "metaformer": {"ffn_mult": (4, 2)},
-    "mod": {"capacity": (0.125, 0.5), "every": (2, 1), "intermediate": (24, 40)},
+    "metaformer": {"ffn_mult": (4, 2), "pool_kernel": (3, 5)},
+    "mod": {"capacity": (0.125, 0.5), "every": (2, 1), "intermediate": (24, 40), "first_routed": (None, 0)},
 }
 # The options an option needs set to be legal, or to have any effect.
 COMPANIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("mixer", "head_dim"): {"mixer_heads": 2},
     ("metaformer", "metric_form"): {"token_mixer": "metric"},
+    ("metaformer", "pool_kernel"): {"token_mixer": "pool"},  # (it shapes only the unmasked pool, refused here)
+    ("metaformer", "pool_features"): {"token_mixer": "pool"},
 }
 # Trial fields that change a family's computation beyond its options: grouped key/value heads.
 TRIAL_VALUES: dict[str, dict[str, Any]] = {"llama": {"kv_heads": 1}, "hybrid": {"kv_heads": 1}, "mod": {"kv_heads": 1}}
 # Option values refused when the spec is read: no causal evaluation exists for them.
-REFUSED = {("mod", "router", "softmax"), ("mod", "inference_router", "topk")}
+# (metaformer's unmasked mode is for classification only: refused for the language models checked here)
+REFUSED = {("mod", "router", "softmax"), ("mod", "inference_router", "topk"), ("metaformer", "causal", False)}
 
 
 def listed_values(option: dict[str, Any], family: str) -> list[Any]:

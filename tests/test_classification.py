@@ -124,13 +124,22 @@ def test_more_labels_than_classes_is_refused_before_training(tmp_path):
         train(t, Settings(artifacts=tmp_path / "art", progress=False))
 
 
-def test_the_imdb_sweep_plans_the_studys_five_token_mixers_with_one_block():
+def test_the_imdb_sweep_plans_the_studys_unmasked_token_mixers_with_one_block():
     spec, trials = load_trials(REPO / "sweeps" / "metaformer-imdb.yaml")
     assert spec.dataset.label_field == "label" and spec.dataset.eval.split == "test"
-    assert sorted(t.effective_options()["token_mixer"] for t in trials) == ["attention", "identity", "metric", "pool",
+    assert sorted(t.effective_options()["token_mixer"] for t in trials) == ["attention", "metric", "none", "pool",
                                                                            "quadratic"]
     assert all(t.layers == 1 and t.objective == "classification" and t.objective_settings().pooling == "mean"
                for t in trials)
+    # the study code's classifier (nlp-metaformer @33c02a7): unmasked, width 300, 6 heads, context 300, gpt2 BPE,
+    # Adam lr 1e-4 at a constant rate in fp32, 40 epochs of 781 batches of 32
+    for t in trials:
+        opts = t.effective_options()
+        assert not opts["causal"] and opts["pool_features"] and opts["ffn_mult"] == 2 and not opts["bias"]
+        assert (t.d_model, t.heads, t.context, t.batch_size, t.lr) == (300, 6, 300, 32, 1e-4)
+        assert t.tokenizer.name == "gpt2" and t.schedule == "constant" and t.warmup == 0 and t.precision == "fp32"
+        assert tuple(t.betas) == (0.9, 0.999) and t.budget.steps == 40 * 781
+        assert not t.objective_settings().bias
 
 
 def test_an_unlabelled_corpus_keeps_its_identity():
@@ -140,3 +149,66 @@ def test_an_unlabelled_corpus_keeps_its_identity():
     assert "label_field" not in dumped["dataset"] and "trained_on" not in dumped["tokenizer"]
     with pytest.raises(SpecError):
         parse_spec({**data, "dataset": {"source": "ablate:tinystories-sample", "label_field": "y", "packing": "concat"}})
+
+
+# ---------------------------------------------------------------- the study's unmasked classifier (issue 26)
+
+UNMASKED = {"causal": False}
+
+
+def test_unmasked_token_mixers_are_for_classification_only():
+    with pytest.raises(ValueError, match=r"options.causal: False cannot be evaluated causally.*later tokens.*classification"):
+        trial(objective="clm", objective_options={}, dataset={"source": "ablate:tinystories-sample"},
+              options=UNMASKED)
+    assert not trial(options=UNMASKED).effective_options()["causal"]
+
+
+@pytest.mark.parametrize("mixer", ["attention", "metric", "quadratic", "pool"])
+def test_an_unmasked_mixer_lets_every_position_read_the_whole_review(mixer):
+    from ablate import models
+
+    torch.manual_seed(0)
+    causal = models.build(trial(options={"token_mixer": mixer}), 64).eval()
+    unmasked = models.build(trial(options={"token_mixer": mixer, **UNMASKED}), 64).eval()
+    ids = torch.randint(0, 64, (2, 12))
+    later = ids.clone()
+    later[:, 1] = (later[:, 1] + 1) % 64  # a later token (within the pool's window of 3)
+    with torch.no_grad():
+        first = lambda m, x: m.hidden_states(x)[:, 0]  # noqa: E731 - the first position's state
+        assert torch.allclose(first(causal, ids), first(causal, later))  # causal: position 0 reads only itself
+        assert not torch.allclose(first(unmasked, ids), first(unmasked, later), atol=1e-6)
+
+
+@pytest.mark.parametrize("features", [False, True])
+def test_the_unmasked_pool_is_a_centred_window_mean_minus_the_token(features):
+    from ablate.models.metaformer import CentredPool
+
+    x = torch.randn(2, 7, 5)
+    out = CentredPool(3, features)(x)
+    expected = torch.empty_like(x)
+    for t in range(7):
+        for d in range(5):
+            rows = slice(max(t - 1, 0), t + 2)  # padding is not counted: the window shrinks at the edges
+            cols = slice(max(d - 1, 0), d + 2) if features else slice(d, d + 1)
+            expected[:, t, d] = x[:, rows, cols].mean(dim=(1, 2)) - x[:, t, d]
+    torch.testing.assert_close(out, expected)
+
+
+def test_no_mixer_sublayer_and_no_biases_are_the_study_codes_block():
+    from ablate import models
+
+    model = models.build(trial(options={"token_mixer": "none", "bias": False, "ffn_mult": 2, **UNMASKED}), 64)
+    block = model.blocks[0]
+    assert block.mixer is None and block.norm1 is None  # x + MLP(LN(x)): the study code's IDENTITY
+    assert all(m.bias is None for m in block.mlp if isinstance(m, torch.nn.Linear))
+    assert block.mlp[0].out_features == 64
+    head = objectives.model_for(trial(options=UNMASKED, objective_options={"classes": 2, "bias": False}), 64).head
+    assert head.bias is None
+
+
+def test_an_unmasked_classifier_trains_and_records_its_accuracy(tmp_path):
+    from ablate.train import Settings, train
+
+    out = train(trial(options={"token_mixer": "pool", "pool_features": True, **UNMASKED}, budget={"steps": 4}),
+                Settings(artifacts=tmp_path / "art", progress=False))
+    assert out["status"] == "completed" and math.isfinite(out["final_eval_loss"])

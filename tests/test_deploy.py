@@ -68,10 +68,11 @@ def test_prefect_deployment_run_sweep_smoke_with_a_local_server_and_workers(tmp_
         start(str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port))
         wait_healthy(api)
         deployed = subprocess.run([str(BIN / "ablate"), "deploy", "--sweeps", str(sweeps), "--db", url,
-                                   "--artifacts", str(tmp_path / "art"), "--slots", "cpu=1"],
+                                   "--artifacts", str(tmp_path / "art"), "--slots", "cpu=1", "--pool", "h100"],
                                   env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
         assert deployed.returncode == 0, deployed.stderr[-3000:]
         assert "sweep/smoke" in deployed.stdout and "trial/cpu" in deployed.stdout
+        assert "trial/h100" in deployed.stdout  # --pool: a pool no sweep file names, for hardware overrides
         start(str(BIN / "prefect"), "worker", "start", "--pool", "sweeps")
         start(str(BIN / "prefect"), "worker", "start", "--pool", "cpu")
         result = subprocess.run([str(BIN / "prefect"), "deployment", "run", "sweep/smoke", "--watch",

@@ -136,6 +136,40 @@ def test_diverged_and_oom_trials_are_results_while_others_complete(prefect_harne
     assert sorted(result.values()) == ["completed", "diverged", "oom"]
 
 
+@pytest.mark.slow
+def test_the_sweep_flow_runs_a_study_sweep_on_a_local_corpus_and_one_gpu_by_its_parameters(prefect_harness, tmp_path):
+    """`prefect deployment run sweep/NAME --param source=... --param gpus=1`: a study spec that evaluates on the
+    hub's validation split and trains on 2 GPUs runs here on the embedded sample, one process, the same global
+    batch (before: the flow failed on the split, and no parameter could change the GPU count)."""
+    from flows.sweep import sweep
+
+    data = yaml.safe_load((REPO / "sweeps" / "tinystories-heads.yaml").read_text())
+    data.update(budget={"steps": 3, "hardware": "rtx3060", "gpus": 2}, tokenizer={"vocab_size": 300}, eval={"at": [0.5]})
+    data["defaults"].update(d_model=32, layers=1, heads=2, context=32, batch_size=2, precision="fp32")
+    data["grid"], data["reference"] = [{"heads": [2]}], []
+    spec = tmp_path / "heads.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    result = sweep(spec=str(spec), db_url=url, artifacts=str(tmp_path / "art"), source="ablate:tinystories-sample",
+                   holdout=20, gpus=1, hardware="cpu")
+    assert list(result.values()) == ["completed"]
+    run = db.get_run(db.connect(url), next(iter(result)))
+    assert run.config["budget"]["gpus"] == 1 and run.config["grad_accum"] == 2 and run.config["batch_size"] == 2
+    assert run.config["dataset"]["eval"]["holdout"] == 20 and run.config["eos_is_target"] is False
+
+
+@pytest.mark.slow
+def test_a_hardware_override_with_no_pool_is_refused_before_anything_is_registered(prefect_harness, tmp_path):
+    from ablate.errors import AblateError
+    from flows.sweep import sweep
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    with pytest.raises(AblateError, match=r"no deployment trial/h100.*ablate deploy --pool h100"):
+        sweep(spec=str(smoke_spec(tmp_path)), db_url=url, artifacts=str(tmp_path / "art"), use_deployments=True,
+              hardware="h100")
+    assert not (tmp_path / "r.db").exists() and not (tmp_path / "art").exists()
+
+
 def test_runs_to_do_rules(sqlite_url, tmp_path):
     spec = smoke_spec(tmp_path)
     _, sweep_id, ids = runner.register(spec, sqlite_url)

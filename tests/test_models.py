@@ -55,8 +55,11 @@ CASES = [
     Case("metaformer", {"token_mixer": "quadratic"}),
     Case("metaformer", {"token_mixer": "pool", "ffn_mult": 2}),
     Case("metaformer", {"token_mixer": "identity"}),
+    Case("metaformer", {"token_mixer": "none", "bias": False, "ffn_mult": 2}),
+    Case("metaformer", {"token_mixer": "quadratic", "bias": False}),
     Case("mod"),
     Case("mod", {"every": 1, "capacity": 0.5, "intermediate": 48, "tie_weights": True}, {"kv_heads": 2}),
+    Case("mod", {"capacity": 0.3, "capacity_rounding": "floor", "first_routed": 0, "output": "block", "tie_weights": True}),
 ]  # mod's softmax router and top-k inference are refused as non-causal (tests/test_causality.py)
 
 
@@ -254,6 +257,34 @@ def test_mod_trains_with_top_k_and_hands_its_aux_loss_to_the_trainer():
     assert model.auxiliary_loss() is None, "no aux loss without grad"
     model.eval()(tokens())
     assert model.auxiliary_loss() is None, "no aux loss in eval mode"
+
+
+def test_mod_can_run_the_blogs_code_capacity_layers_and_output_form():
+    """The blog's code (joey00072/ohara mixture_of_depth.py): top_k = int(capacity * T), [MoD, Block, MoD, ...],
+    and out = x + w * block(x) with the block's output including x; ours by default: ceil, [Block, MoD, ...],
+    x + w * (block(x) - x)."""
+    from ablate.models.mod_options import Options
+
+    assert Options(capacity=0.12, capacity_rounding="floor").capacity_tokens(512) == 61
+    assert Options(capacity=0.12).capacity_tokens(512) == 62 and Options(capacity=0.01).capacity_tokens(16) == 1
+    blog = make_model(Case("mod", {"capacity": 0.25, "first_routed": 0, "output": "block"}, {"layers": 4}))
+    ours = make_model(Case("mod", {"capacity": 0.25}, {"layers": 4}))
+    assert [isinstance(m, RoutedLayer) for m in blog.layers] == [True, False, True, False]
+    assert [isinstance(m, RoutedLayer) for m in ours.layers] == [False, True, False, True]
+    x = torch.randn(BATCH, CONTEXT, 32)
+    for model, adds_input in ((blog, False), (ours, True)):
+        layer = routed_layers(model)[0].train()
+        with torch.no_grad():
+            out = layer(x)
+            index = layer.router(x)[..., 0].topk(4, dim=1).indices.sort(dim=1).values  # int(0.25 * 16) = 4
+            from ablate.models.hybrid import rotary
+
+            gather = index[..., None].expand(-1, -1, 32)
+            xs = x.gather(1, gather)
+            block = layer.block(xs, *rotary(index, 8))  # (B, C, D): the block's output, x included
+            weight = torch.sigmoid(layer.router(xs)[..., 0])[..., None]
+            expected = x.scatter_add(1, gather, weight * (block - xs if adds_input else block))
+        torch.testing.assert_close(out, expected)
 
 
 def _aux_router_grads(model, scale: float) -> list[torch.Tensor]:

@@ -98,6 +98,23 @@ def test_embedding_truncates_to_the_context(tokenizer):
         torch.testing.assert_close(emb[0], model.hidden_states(torch.tensor([ids]))[0, -2], atol=1e-5, rtol=1e-5)
 
 
+def test_window_position_reads_the_padded_window_as_the_authors_scripts_did(tokenizer):
+    """Masked Mixers I embedded right-padded 512-token windows (pad = eos) at the window's position -2."""
+    trial = make_trial(context=24)
+    torch.manual_seed(0)
+    model = models.build(trial, len(tokenizer)).eval()
+    short = "Tom saw a cat."
+    emb = R.embed_texts(model, tokenizer, [short, SAMPLE.read_text()[:400]], trial.context, position="window",
+                        progress=False)
+    ids = tokenizer(short, add_special_tokens=False)["input_ids"]
+    window = ids + [tokenizer.eos_token_id] * (24 - len(ids))
+    with torch.no_grad():
+        expected = model.hidden_states(torch.tensor([window]))[0, 22]  # a pad that has read the whole summary
+    torch.testing.assert_close(emb[0], expected, atol=1e-5, rtol=1e-5)
+    text = R.embed_texts(model, tokenizer, [short], trial.context, progress=False)
+    assert not torch.allclose(text[0], emb[0])
+
+
 # ---------------------------------------------------------------- InfoNCE and the retrieval mixer
 
 
@@ -235,3 +252,68 @@ def test_the_retrieval_stage_needs_a_known_sweep_with_a_retrieval_block(sqlite_u
         R.run_stage("plane", sqlite_url)
     with pytest.raises(AblateError, match="no `retrieval:` block"):
         R.run_stage("plain", sqlite_url)
+
+
+# ---------------------------------------------------------------- the authors' retrieval stage (issue 26)
+
+
+def test_the_authors_retrieval_mixer_has_no_projection_no_norms_and_eight_blocks():
+    d, c = 16, 7
+    model = R.RetrievalMixer(d, c, d_model=None, layers=8, input_norm=False, final_norm=False)
+    length = c + 1
+    block = 2 * 2 * d + (length * length + length) + (d * 4 * d + 4 * d + 4 * d * d + d)  # norms, positions, FF
+    assert sum(p.numel() for p in model.parameters()) == 8 * block + d + 1  # + the per-position score head
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in (model.input_norm, model.norm))
+    assert isinstance(model.proj, torch.nn.Identity)
+    assert model(torch.randn(3, d), torch.randn(3, c, d)).shape == (3, c)
+    ours = R.RetrievalMixer(d, c)  # the quick default: norms, a projection to 128, 2 blocks
+    assert isinstance(ours.input_norm, torch.nn.LayerNorm) and ours.proj.out_features == 128 and len(ours.blocks) == 2
+
+
+def test_retrieval_length_in_epochs_and_settings_by_keyword():
+    gen = torch.Generator().manual_seed(0)
+    summaries, texts = torch.randn(100, 8, generator=gen), torch.randn(100, 8, generator=gen)
+    out = R.train_retrieval(summaries, texts, candidates=4, steps=None, epochs=2, batch_size=16, d_model=None,
+                            layers=1, warmup_steps=2, schedule="linear", weight_decay=0.0)
+    assert out["steps"] == math.ceil(2 * out["train_pairs"] / 16) == 10
+    with pytest.raises(Exception, match="unknown_setting"):
+        R.train_retrieval(summaries, texts, candidates=4, steps=2, unknown_setting=1)
+
+
+def test_the_study_retrieval_sweeps_run_the_authors_stage():
+    from ablate.spec import load_spec
+
+    for name, batch, epochs, position in (("tinystories-retrieval", 32, 200, "window"),
+                                          ("fineweb-retrieval", 128, 50, "text")):
+        plan = load_spec(Path(R.__file__).parent.parent / "sweeps" / f"{name}.yaml").retrieval
+        assert (plan.d_model, plan.layers, plan.input_norm, plan.final_norm, plan.standardize) == (None, 8, False, False, False)
+        assert (plan.lr, plan.weight_decay, plan.warmup_steps, plan.schedule) == (1e-4, 0.0, 500, "linear")
+        assert (plan.batch_size, plan.epochs, plan.steps, plan.position) == (batch, epochs, None, position)
+        assert plan.candidates_count_query and plan.texts_per_query(32) == 31  # the published 3.43 = ln 31
+    table = __import__("pandas").DataFrame([{"run_id": 1, "architecture": "mixer", "d_model": 8, "layers": 1,
+                                             "heads": None, "c": 32, "eval_loss": 3.4, "accuracy": 0.1,
+                                             "published": None, "steps": 10}])
+    text = R.stage_markdown("x", table, plan)
+    assert "c=32: 3.43" in text and "8 blocks at the embedding width" in text and "input norm off" in text
+
+
+def test_retrieval_blocks_written_before_the_new_settings_keep_their_sweeps_identity():
+    from ablate.spec import fingerprint, parse_spec
+
+    data = {"name": "r", "dataset": {"source": "ablate:tinystories-sample"}, "budget": {"steps": 5},
+            "grid": [{"architecture": "mixer", "d_model": 32}],
+            "defaults": {"layers": 1, "context": 8, "lr": 1e-3, "batch_size": 1},
+            "retrieval": {"pairs": {"source": "ablate:tinystories-pairs"}, "candidates": [8], "steps": 50}}
+    spec = parse_spec(data)
+    stored = spec.model_dump(mode="json")  # as the fingerprint saw it before: none of the new keys
+    for key in ("d_model", "layers", "input_norm", "final_norm", "weight_decay", "batch_size", "schedule",
+                "warmup_steps", "candidates_count_query", "position", "epochs", "standardize"):
+        del stored["retrieval"][key]
+    for key in ("overrides", "recipe"):
+        del stored[key]
+    del stored["report"]["orderings"]
+    assert spec.fingerprint() == fingerprint(stored)
+    layered = parse_spec({**data, "retrieval": {**data["retrieval"], "layers": 8}})
+    assert layered.fingerprint() != spec.fingerprint()
+    with pytest.raises(Exception, match="steps or retrieval.epochs, not both"):
+        parse_spec({**data, "retrieval": {**data["retrieval"], "epochs": 3}})

@@ -20,7 +20,7 @@ import yaml
 from ablate import budget, db, runner
 from ablate.cli import main
 from ablate.errors import AblateError, SpecError
-from ablate.spec import apply_overrides
+from ablate.overrides import apply_overrides
 from tests.test_train import make_trial, registered
 
 REPO = Path(__file__).resolve().parent.parent

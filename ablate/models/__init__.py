@@ -57,6 +57,11 @@ DESCRIPTIONS: dict[str, str] = {
 }
 
 
+# Objectives that read a whole document at once (a class per document): the only ones that may use a family's
+# unmasked option (metaformer `causal: false`); every language-model objective needs causal models.
+UNMASKED_OBJECTIVES = ("classification",)
+
+
 def check_architecture(name: str) -> None:
     if name not in FAMILIES:
         raise AblateError(

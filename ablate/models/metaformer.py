@@ -1,7 +1,10 @@
-"""MetaFormer for causal LM: one block design, the token mixer swapped (nlp-metaformer.md).
+"""MetaFormer: one block design, the token mixer swapped (nlp-metaformer.md).
 
 Block = LayerNorm -> token mixer -> residual, LayerNorm -> MLP (d -> 4d -> d, GELU) -> residual;
 learned positional embeddings, a final LayerNorm, nanoGPT-style init (normal 0.02).
+
+Causal by default (language modelling). `causal: false` is the study's classifier: no mask in any mixer, and
+pooling over a centred window; only a classification objective may build it (metaformer_options.check_trial).
 
 Token mixers (per head h, head width k = d_model / heads):
 - attention: scaled dot-product attention, causal.
@@ -10,8 +13,11 @@ Token mixers (per head h, head width k = d_model / heads):
   is applied before the softmax (the MetaFormer repo multiplied unmasked scores by the values).
 - quadratic: as metric with a free k x k form U_h per head. The text's quadratic form acts on x
   itself (d x d per head); here it acts on the shared projection, as the sweep asks.
-- pool: causal average pooling minus the token itself (PoolFormer): mean(x_<=t) - x_t.
-- identity: no token mixing at all (a per-token model; the text's lower bound).
+- pool: causal average pooling minus the token itself (PoolFormer): mean(x_<=t) - x_t; unmasked, the mean of
+  a centred window of `pool_kernel` positions (and features, `pool_features`, as the study code's avg_pool2d on
+  (B, T, D)), padding not counted, minus the token (PoolFormer's avg_pool(k, stride 1, pad k // 2) - x).
+- identity: no token mixing at all (a per-token model; the text's lower bound): the mixer sublayer adds LN(x);
+  none: the block has no mixer sublayer (the study code's IDENTITY).
 """
 
 from __future__ import annotations
@@ -29,29 +35,29 @@ from ablate.models.metaformer_options import Options, inter_token_params, mixing
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model: int, heads: int):
+    def __init__(self, d_model: int, heads: int, bias: bool = True, is_causal: bool = True):
         super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.out = nn.Linear(d_model, d_model)
+        self.heads, self.is_causal = heads, is_causal
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.out = nn.Linear(d_model, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = rearrange(self.qkv(x), "b t (n h e) -> n b h t e", n=3, h=self.heads)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, E)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal)  # (B, H, T, E)
         return self.out(rearrange(y, "b h t e -> b t (h e)"))
 
 
 class FormAttention(nn.Module):
     """Scores p F_h p^T on one shared projection p = P x, values p: metric (F symmetric) or quadratic (F free)."""
 
-    def __init__(self, d_model: int, heads: int, form: str):
+    def __init__(self, d_model: int, heads: int, form: str, bias: bool = True, is_causal: bool = True):
         super().__init__()
-        self.heads, self.form = heads, form
+        self.heads, self.form, self.is_causal = heads, form, is_causal
         k = d_model // heads
         self.proj = nn.Linear(d_model, d_model, bias=False)  # P, shared by queries, keys and values
         start = torch.eye(k) / (2 if form == "symmetric" else 1)  # every form starts near the identity
         self.form_weight = nn.Parameter(start.repeat(heads, 1, 1) + 0.02 * torch.randn(heads, k, k))  # (H, k, k)
-        self.out = nn.Linear(d_model, d_model)
+        self.out = nn.Linear(d_model, d_model, bias=bias)
 
     def forms(self) -> Tensor:
         a = self.form_weight
@@ -64,7 +70,7 @@ class FormAttention(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         p = rearrange(self.proj(x), "b t (h e) -> b h t e", h=self.heads)
         query = p @ self.forms().to(p.dtype)  # (B, H, T, k): scores = (p F) p^T
-        y = F.scaled_dot_product_attention(query, p, p, is_causal=True)  # mask before softmax
+        y = F.scaled_dot_product_attention(query, p, p, is_causal=self.is_causal)  # mask before softmax
         return self.out(rearrange(y, "b h t e -> b t (h e)"))
 
 
@@ -76,19 +82,38 @@ class CausalPool(nn.Module):
         return (mean - x.float()).to(x.dtype)
 
 
+class CentredPool(nn.Module):
+    """The mean of a centred window minus the token; the window spans `kernel` positions (and features)."""
+
+    def __init__(self, kernel: int, features: bool):
+        super().__init__()
+        self.kernel, self.features = kernel, features
+
+    def forward(self, x: Tensor) -> Tensor:
+        k = self.kernel
+        if self.features:  # (B, 1, T, D): a k x k window over positions and features
+            mean = F.avg_pool2d(x.float()[:, None], k, stride=1, padding=k // 2, count_include_pad=False)[:, 0]
+        else:  # (B, D, T): a window of k positions
+            mean = F.avg_pool1d(x.float().transpose(1, 2), k, stride=1, padding=k // 2,
+                                count_include_pad=False).transpose(1, 2)
+        return (mean - x.float()).to(x.dtype)  # (B, T, D)
+
+
 class Identity(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return x
 
 
-def token_mixer(name: str, d_model: int, heads: int | None, metric_form: str) -> nn.Module:
+def token_mixer(opts: Options, d_model: int, heads: int | None) -> nn.Module | None:
+    """The block's token mixer; None for `none` (no mixer sublayer)."""
+    name = opts.token_mixer
     if name == "attention":
-        return Attention(d_model, heads)
-    if name == "metric":
-        return FormAttention(d_model, heads, metric_form)
-    if name == "quadratic":
-        return FormAttention(d_model, heads, "quadratic")
-    return CausalPool() if name == "pool" else Identity()
+        return Attention(d_model, heads, opts.bias, opts.causal)
+    if name in ("metric", "quadratic"):
+        return FormAttention(d_model, heads, opts.metric_form if name == "metric" else "quadratic", opts.bias, opts.causal)
+    if name == "pool":
+        return CausalPool() if opts.causal else CentredPool(opts.pool_kernel, opts.pool_features)
+    return Identity() if name == "identity" else None
 
 
 # ---------------------------------------------------------------- block and model
@@ -97,14 +122,16 @@ def token_mixer(name: str, d_model: int, heads: int | None, metric_form: str) ->
 class Block(nn.Module):
     def __init__(self, d_model: int, heads: int | None, opts: Options):
         super().__init__()
-        self.norm1 = nn.LayerNorm(d_model)
-        self.mixer = token_mixer(opts.token_mixer, d_model, heads, opts.metric_form)
+        self.mixer = token_mixer(opts, d_model, heads)
+        self.norm1 = nn.LayerNorm(d_model) if self.mixer is not None else None
         self.norm2 = nn.LayerNorm(d_model)
         inner = opts.ffn_mult * d_model
-        self.mlp = nn.Sequential(nn.Linear(d_model, inner), nn.GELU(), nn.Linear(inner, d_model))
+        self.mlp = nn.Sequential(nn.Linear(d_model, inner, bias=opts.bias), nn.GELU(),
+                                 nn.Linear(inner, d_model, bias=opts.bias))
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x + self.mixer(self.norm1(x))
+        if self.mixer is not None:
+            x = x + self.mixer(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
 

@@ -1,9 +1,11 @@
 """Mixture-of-depths over Llama-style blocks (mixture-of-depths.md, arxiv 2404.02258).
 
-Every `every`-th block (the 2nd, 4th, ... by default) is routed: a linear router scores each token, the
-top C = ceil(capacity * T) tokens of each sequence go through the block (gathered in causal order, RoPE
-at their ORIGINAL positions; the blog restarted positions at 0), the others skip it, and the block's
-output delta is scaled by the router weight:  x_i <- x_i + w_i * (block(x_S)_i - x_i)  for i in S.
+Every `every`-th block (the 2nd, 4th, ... by default; `first_routed: 0` for the blog's 1st, 3rd, ...) is routed:
+a linear router scores each token, the top C = ceil(capacity * T) tokens (or int(), the blog's rounding) of each
+sequence go through the block (gathered in causal order, RoPE at their ORIGINAL positions; the blog restarted
+positions at 0), the others skip it, and the router weight scales the block's update:
+x_i <- x_i + w_i * (block(x_S)_i - x_i)  for i in S  (output: delta, the paper's x + r f(x)), or the blog's code,
+x_i <- x_i + w_i * block(x_S)_i  (output: block; its block returns x plus the residual branches).
 
 Causality, honestly stated:
 - Top-k over the sequence is itself non-causal in training: whether token t is selected depends on
@@ -23,7 +25,6 @@ clears them), so that it joins the main loss before any fp16 loss scaling.
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,8 @@ class RoutedLayer(nn.Module):
         super().__init__()
         if reason := opts.non_causal_reason():
             raise ValueError(reason)
-        self.capacity, self.head_dim = opts.capacity, d_model // heads
+        self.opts, self.head_dim = opts, d_model // heads
+        self.adds_input = opts.output == "delta"  # the update is block(x) - x, else block(x) itself
         self.block = DecoderLayer(d_model, heads, kv_heads, inner)
         self.router = nn.Linear(d_model, 1, bias=False)
         self.aux_router = nn.Sequential(nn.Linear(d_model, d_model // 2), nn.SiLU(), nn.Linear(d_model // 2, 1))
@@ -50,7 +52,7 @@ class RoutedLayer(nn.Module):
         b, t, d = x.shape
         scores = self.router(x)[..., 0].float()  # (B, T)
         if self.training:
-            c = math.ceil(self.capacity * t)
+            c = self.opts.capacity_tokens(t)
             index = scores.topk(c, dim=1).indices.sort(dim=1).values  # (B, C), causal order
             selected = torch.zeros(b, t, dtype=torch.bool, device=x.device).scatter(1, index, True)
             out = self._through_gathered(x, scores, index)
@@ -70,7 +72,7 @@ class RoutedLayer(nn.Module):
         gather = index[..., None].expand(-1, -1, d)  # (B, C, D)
         xs = x.gather(1, gather)  # (B, C, D)
         cos, sin = rotary(index, self.head_dim)  # original positions, (B, 1, C, hd)
-        delta = self.block(xs, cos, sin) - xs  # (B, C, D)
+        delta = self.block(xs, cos, sin) - (xs if self.adds_input else 0)  # (B, C, D)
         weight = torch.sigmoid(scores.gather(1, index))  # (B, C)
         return x.scatter_add(1, gather, (weight[..., None] * delta).to(x.dtype))
 
@@ -81,7 +83,7 @@ class RoutedLayer(nn.Module):
         itself = torch.eye(t, dtype=torch.bool, device=x.device)  # keeps skipped rows finite; they are discarded
         mask = (causal & (selected[:, None, :] | itself))[:, None]  # (B, 1, T, T)
         cos, sin = rotary(torch.arange(t, device=x.device), self.head_dim)
-        delta = self.block(x, cos, sin, mask) - x  # (B, T, D)
+        delta = self.block(x, cos, sin, mask) - (x if self.adds_input else 0)  # (B, T, D)
         weight = torch.where(selected, torch.sigmoid(scores), torch.zeros_like(scores))  # (B, T)
         return x + (weight[..., None] * delta).to(x.dtype)
 

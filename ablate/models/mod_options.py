@@ -17,8 +17,15 @@ class Options(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     capacity: float = Field(0.125, gt=0, le=1, description="fraction of each sequence's tokens that pass through a routed block")
+    capacity_rounding: Literal["ceil", "floor"] = Field("ceil", description="C = ceil(capacity * T), or floor: "
+                                                        "int(capacity * T) as the blog's code (0.12 x 512 = 61), at least 1")
     router: Literal["sigmoid", "softmax"] = Field("sigmoid", description="router weight: sigmoid of the token's own score; softmax (the blog's, over the selected tokens) is refused: no causal eval")
     every: int = Field(2, ge=1, description="route every n-th block (blocks n-1, 2n-1, ...); 1 routes all blocks")
+    first_routed: int | None = Field(None, ge=0, description="the first routed block (0-based), then every n-th; "
+                                     "default every - 1; 0 is the blog's [MoD, Block, MoD, Block, ...]")
+    output: Literal["delta", "block"] = Field("delta", description="delta: x + w * (block(x) - x), the router weight "
+                                              "scales the block's residual update (the paper's x + r f(x)); block: "
+                                              "x + w * block(x), the blog's code, whose block output includes x")
     inference_router: Literal["aux", "topk"] = Field("aux", description="eval-mode selection: the causal auxiliary router; topk (training-time top-k in eval) is refused: not causal")
     intermediate: int | None = Field(None, gt=0, description="SwiGLU inner width; default 4 * d_model")
     tie_weights: bool = Field(False, description="share the token embedding with the LM head")
@@ -43,7 +50,13 @@ class Options(BaseModel):
         return None
 
     def is_routed(self, index: int) -> bool:
-        return index % self.every == self.every - 1
+        first = self.every - 1 if self.first_routed is None else self.first_routed
+        return index >= first and (index - first) % self.every == 0
+
+    def capacity_tokens(self, length: int) -> int:
+        """C: how many of a sequence's `length` tokens a routed block takes in training."""
+        exact = self.capacity * length
+        return max(1, math.ceil(exact) if self.capacity_rounding == "ceil" else int(exact))
 
 
 def dimensions(trial) -> tuple[Options, int, int, int]:
@@ -79,7 +92,7 @@ def mixing_flops_per_token(trial) -> float:
     2 * block params for the (1 - C/T) tokens that skip the block (6N counts every token through it)."""
     o, heads, kv_heads, inner = dimensions(trial)
     t, d = trial.context, trial.d_model
-    c = math.ceil(o.capacity * t)
+    c = o.capacity_tokens(t)
     routed = sum(o.is_routed(i) for i in range(trial.layers))
     block = decoder_layer_params(d, heads, kv_heads, inner)
     per_routed = 4 * c * c * d / t - 2 * (1 - c / t) * block

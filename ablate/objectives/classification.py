@@ -4,6 +4,8 @@ The registry's model reads the document; a linear head maps its hidden states to
 - `pooling: mean` (default), the study's head: a point-wise projection into the classes at every position,
   averaged over the document's tokens (the same as projecting the mean hidden state);
 - `pooling: last`: the last token's hidden state, which in a causal model has read the whole document.
+The model may be unmasked (metaformer `causal: false`, the study's classifier): a class is read from the whole
+document at once, so no causal evaluation is needed (models.UNMASKED_OBJECTIVES).
 The LM head is not used: its own weights are frozen (a tied LM head is the embedding, which trains).
 Rows come from a labelled corpus (dataset.label_field): the labels tensor holds each row's class at the
 row's last real token and -100 elsewhere, so one tensor gives both the class and the length.
@@ -28,7 +30,7 @@ class Classifier(nn.Module):
         settings = trial.objective_settings()
         self.model = models.build(trial, vocab_size)
         self.classes, self.pooling = settings.classes, settings.pooling
-        self.head = nn.Linear(trial.d_model, self.classes)
+        self.head = nn.Linear(trial.d_model, self.classes, bias=settings.bias)
         embeddings = {id(m.weight) for m in self.model.modules() if isinstance(m, nn.Embedding)}
         for name, module in self.model.named_modules():
             if name.endswith("lm_head") and module is not None:
