@@ -91,7 +91,10 @@ def test_sigterm_during_warm_up_stops_the_trainer_at_once(sqlite_url, tmp_path):
     with open(log, "w") as fh:
         trainer = subprocess.Popen([sys.executable, "-m", "ablate.train", "--run-id", str(rid), "--artifacts",
                                     str(tmp_path / "art"), "--threads", "1"], stdout=fh, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **FAST, "ABLATE_DB_URL": sqlite_url})
+                                   env={**os.environ, **FAST, "ABLATE_DB_URL": sqlite_url,
+                                        # a cold compile: inductor's cache from an earlier run (this machine's
+                                        # /tmp) makes the warm-up end within seconds, before the SIGTERM lands
+                                        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
     try:
         # the optimizer exists once start-up is done; the warm-up steps (and compile) follow
         _wait(lambda: db.get_run(engine, rid).status == "running", 60, "no claim")
