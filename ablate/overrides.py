@@ -73,12 +73,12 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
 
 
 def _override_data(data: dict[str, Any], overrides: dict[str, Any], suffix: list[str], notes: list[str]) -> None:
-    """`source` and `holdout`: the corpus, and what the sweep evaluates on."""
+    """`source` and `holdout`: the corpus, and what the sweep evaluates on (`data` is the caller's copy)."""
     source, holdout = overrides.get("source"), overrides.get("holdout")
-    dataset = dict(data.get("dataset") or {}) if isinstance(data.get("dataset"), dict) else None
-    if dataset is None or (source is None and holdout is None):
-        return
-    evaluation = dict(dataset.get("eval") or {}) if isinstance(dataset.get("eval"), dict) else {}
+    dataset = data.get("dataset")
+    if not isinstance(dataset, dict) or (source is None and holdout is None):
+        return  # (a dataset that is not a mapping is refused, by name, when the spec is parsed)
+    evaluation = dataset.get("eval") if isinstance(dataset.get("eval"), dict) else {}
     if source is not None:
         dataset["source"] = str(source)
         suffix.append(f"data-{_slug(Path(str(source)).name.split('.')[0])}")
@@ -89,16 +89,15 @@ def _override_data(data: dict[str, Any], overrides: dict[str, Any], suffix: list
             notes.append(f"dataset.eval: the spec's eval split {evaluation['split']!r} does not exist in a local "
                          f"source: the last {holdout} documents of {source} are held out instead (--holdout N to "
                          "choose)")
-    if holdout is not None:
-        if isinstance(holdout, bool) or not str(holdout).strip().isdigit() or int(holdout) <= 0:
-            raise SpecError([f"override holdout {holdout!r}: a positive number of documents, e.g. holdout=1000"],
-                            "<overrides>")
-        evaluation = {k: v for k, v in evaluation.items() if k not in ("split", "holdout")} | {"holdout": int(holdout)}
-        if overrides.get("holdout") is not None:
-            suffix.append(f"holdout-{int(holdout)}")
-            notes.append(f"dataset.eval: the last {int(holdout)} documents held out (override)")
-    dataset["eval"] = evaluation or dataset.get("eval")
-    data["dataset"] = dataset
+    if holdout is None:
+        return
+    if isinstance(holdout, bool) or not str(holdout).strip().isdigit() or int(holdout) <= 0:
+        raise SpecError([f"override holdout {holdout!r}: a positive number of documents, e.g. holdout=1000"],
+                        "<overrides>")
+    dataset["eval"] = {k: v for k, v in evaluation.items() if k not in ("split", "holdout")} | {"holdout": int(holdout)}
+    if overrides.get("holdout") is not None:
+        suffix.append(f"holdout-{int(holdout)}")
+        notes.append(f"dataset.eval: the last {int(holdout)} documents held out (override)")
 
 
 def _override_hardware(data: dict[str, Any], overrides: dict[str, Any], suffix: list[str], notes: list[str]) -> None:
@@ -109,7 +108,6 @@ def _override_hardware(data: dict[str, Any], overrides: dict[str, Any], suffix: 
     if (gpus is None and hardware is None) or not isinstance(budget, dict):
         return
     study = f"{budget.get('gpus', 1)}x {budget.get('hardware', 'cpu')}"
-    budget = dict(budget)
     if hardware is not None:
         budget["hardware"] = str(hardware)
         suffix.append(f"hw-{_slug(str(hardware))}")
@@ -121,7 +119,6 @@ def _override_hardware(data: dict[str, Any], overrides: dict[str, Any], suffix: 
         suffix.append(f"gpus-{new}")
         if old != new:
             notes.append(_keep_global_batch(data, old, new))
-    data["budget"] = budget
     notes.append(f"hardware: {budget.get('gpus', 1)}x {budget.get('hardware', 'cpu')} per trial, not the study's "
                  f"{study} (override): wall-clock budgets buy other amounts of training there")
 
@@ -132,7 +129,7 @@ def _keep_global_batch(data: dict[str, Any], old: int, new: int) -> str:
         return (f"gpus: {old} -> {new} per trial; grad_accum is kept, so the global batch changes by {new}/{old} "
                 "(the counts do not divide)")
     factor = old // new
-    data["defaults"] = defaults = dict(data.get("defaults") or {})
+    data["defaults"] = defaults = data.get("defaults") or {}
     defaults["grad_accum"] = _times(defaults.get("grad_accum", 1), factor)  # what every block inherits
     for block in [b for b in data.get("grid") or [] if isinstance(b, dict)]:
         for where in (block, block.get("zip")):

@@ -160,6 +160,13 @@ def test_a_local_source_override_holds_documents_out_instead_of_a_split_it_lacks
     assert spec.dataset.eval.holdout == 300 and spec.name.endswith("holdout-300")
     hub = load_trials(SWEEPS / "tinystories-widths.yaml", overrides={"source": "someone/stories"})[0]
     assert hub.dataset.eval.split == "validation"  # a hub dataset keeps its split
+    from ablate.overrides import apply_overrides
+
+    plain = {"name": "x", "dataset": {"source": "someone/stories"}, "budget": {"steps": 1},
+             "defaults": {"architecture": "mixer", "d_model": 8, "layers": 1, "context": 8, "lr": 1e-3, "batch_size": 1}}
+    for source in ("other/stories", "ablate:tinystories"):  # no eval in the file: the default holdout stays
+        assert parse_spec(apply_overrides(plain, {"source": source})).dataset.eval.holdout == 50
+    assert plain["dataset"] == {"source": "someone/stories"}  # the file's contents are not changed
 
 
 def test_plan_refuses_a_split_that_a_local_source_cannot_have(tmp_path):
