@@ -142,7 +142,8 @@ def test_two_runners_and_a_search_at_once_train_each_trial_exactly_once(any_url,
     procs.append(subprocess.Popen([sys.executable, "-m", "ablate.cli", "search", "run", str(search_spec), "--workers",
                                    "2", *common], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [p.communicate(timeout=540)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0], outputs
+    assert [p.returncode for p in procs] == [0, 0, 0], "\n\n".join(  # each process's own ending, whole
+        f"--- process {i} exited {p.returncode}:\n{out[-4000:]}" for i, (p, out) in enumerate(zip(procs, outputs)))
     engine = db.connect(any_url)
     with engine.connect() as conn:
         runs = conn.execute(sa.select(db.Run.id, db.Run.status, db.Run.attempts)).all()
