@@ -114,7 +114,9 @@ def _override_hardware(data: dict[str, Any], overrides: dict[str, Any], suffix: 
     if gpus is not None:
         if isinstance(gpus, bool) or not str(gpus).strip().isdigit() or int(gpus) <= 0:
             raise SpecError([f"override gpus {gpus!r}: a positive number of GPUs per trial, e.g. gpus=1"], "<overrides>")
-        old, new = int(budget.get("gpus", 1) or 1), int(gpus)
+        old, new = budget.get("gpus", 1), int(gpus)
+        if isinstance(old, bool) or not isinstance(old, int) or old <= 0:
+            return  # the file's own budget.gpus is refused, by name, when the spec is parsed
         budget["gpus"] = new
         suffix.append(f"gpus-{new}")
         if old != new:
@@ -130,6 +132,8 @@ def _keep_global_batch(data: dict[str, Any], old: int, new: int) -> str:
                 "(the counts do not divide)")
     factor = old // new
     data["defaults"] = defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):  # refused, by name, when the spec is parsed
+        return f"gpus: {old} -> {new} per trial"
     defaults["grad_accum"] = _times(defaults.get("grad_accum", 1), factor)  # what every block inherits
     for block in [b for b in data.get("grid") or [] if isinstance(b, dict)]:
         for where in (block, block.get("zip")):

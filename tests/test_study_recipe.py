@@ -213,6 +213,20 @@ def test_a_gpus_override_keeps_the_studys_global_batch():
         apply_overrides(data, {"gpus": 0})
 
 
+def test_a_gpus_override_on_a_malformed_file_names_the_files_fields_instead_of_a_traceback():
+    from ablate.overrides import apply_overrides
+
+    data = {"name": "x", "dataset": {"source": "ablate:tinystories"}, "budget": {"steps": 5, "gpus": "four"},
+            "defaults": [1, 2], "grid": [{"architecture": "mixer", "d_model": 8, "layers": 1, "context": 8,
+                                          "lr": 1e-3, "batch_size": 1}]}
+    with pytest.raises(SpecError) as bad:
+        parse_spec(apply_overrides(data, {"gpus": 1}))
+    assert "budget.gpus" in str(bad.value) and "defaults" in str(bad.value)
+    data["budget"]["gpus"] = 4  # gpus that divide: the scaling meets defaults that are not a mapping
+    with pytest.raises(SpecError, match="defaults: must be a mapping"):
+        parse_spec(apply_overrides(data, {"gpus": 1}))
+
+
 def test_overrides_are_printed_by_plan_and_stored_with_the_sweep(sqlite_url, capsys):
     from ablate.cli import main
 
