@@ -182,11 +182,18 @@ def _search_range(param: Any) -> str:
 
 @command("sql")
 def cmd_sql(args: argparse.Namespace) -> int:
-    from ablate.results import DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_SECONDS, read_only_query
+    from ablate.results import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_SECONDS, read_only_query
 
     timeout = _sql_limit(args.timeout, "--timeout", "ABLATE_SQL_TIMEOUT", DEFAULT_TIMEOUT_SECONDS, float)
     max_rows = int(_sql_limit(args.max_rows, "--max-rows", "ABLATE_SQL_MAX_ROWS", DEFAULT_MAX_ROWS, int))
-    columns, rows = read_only_query(args.query, args.db, max_rows=max_rows, timeout_seconds=timeout)
+    max_bytes = int(_sql_limit(args.max_bytes, "--max-bytes", "ABLATE_SQL_MAX_BYTES", DEFAULT_MAX_BYTES, int))
+    columns, rows = read_only_query(args.query, args.db, max_rows=max_rows, timeout_seconds=timeout,
+                                    max_bytes=max_bytes)
+    from ablate import readlogin
+
+    note = readlogin.advice(args.db)
+    if note:
+        err_console.print(f"note: {note}", highlight=False)
     print_rows(columns, rows, args.format)
     return 0
 
@@ -243,9 +250,24 @@ def cmd_db(args: argparse.Namespace) -> int:
     if args.db_command == "upgrade":
         after = db.upgrade_schema(engine)
         console.print(f"{db._describe(str(engine.url))}: schema {before or 'empty'} -> {after}")
+        from ablate import readlogin
+
+        said = readlogin.ensure_login(engine)
+        if said:
+            console.print(said, highlight=False)
     else:
         console.print(f"{db._describe(str(engine.url))}: schema {before or 'empty'} (newest {db.head_revision(engine)})")
     return 0
+
+
+def _prefect_command() -> str:
+    """`prefect` on PATH, else the one installed beside this Python (a venv used without activating it)."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    beside = Path(sys.executable).parent / "prefect"
+    return shutil.which("prefect") or (str(beside) if beside.exists() else "prefect")
 
 
 # ---------------------------------------------------------------- models
@@ -318,7 +340,16 @@ def _reason(r: Any) -> str:
     if r.status == "running" and _stale(r):
         beat = f"{(_utcnow() - r.heartbeat_at).total_seconds():.0f} s ago" if r.heartbeat_at else "never"
         return f"stale: its trainer last beat {beat} (machine or process gone); the next runner takes it over"
+    if r.status == "cancelled" and _trainer_running(r):
+        return (f"cancelling: trainer still running (pid {r.pid} on {(r.claimed_by or '?').partition(':')[0]}); it "
+                "checkpoints and stops, or is killed after its grace")
     return (r.error or "").strip().splitlines()[0][:120] if (r.error or "").strip() else ""
+
+
+def _trainer_running(r: Any) -> bool:
+    from ablate import db
+
+    return hasattr(r, "pid") and db.trainer_running(r)
 
 
 def _stale(r: Any) -> bool:
@@ -441,6 +472,9 @@ def _sweep_run(args: argparse.Namespace) -> int:
 
     def work() -> None:
         try:
+            from ablate import localserver
+
+            localserver.start()  # ended with this process, even a killed one (no orphaned server)
             # the URL goes by environment, not as a flow parameter (Prefect stores those in plain text)
             state = sweep_flow(spec=str(args.spec), db_url=None, artifacts=str(args.artifacts),
                                gpu_slots=args.gpu_slots, retry_failed=args.retry_failed,
@@ -644,7 +678,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         label = "cpu"
         if group is not None:
             env["CUDA_VISIBLE_DEVICES"] = label = ",".join(group)
-        cmd = ["prefect", "worker", "start", "--pool", args.pool, "--type", "process", "--limit", str(limit),
+        cmd = [_prefect_command(), "worker", "start", "--pool", args.pool, "--type", "process", "--limit", str(limit),
                "--name", f"{host}-{args.pool}-{label.replace(',', '+')}-{os.getpid()}"]
         console.print(f"worker on pool {args.pool}: {'GPUs ' + label if group else 'no GPU'}, at most {limit} trial(s) "
                       f"at once: {' '.join(cmd)}")
@@ -686,8 +720,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
             raise AblateError(f"--slots {item!r}: write HARDWARE=N, e.g. --slots rtx3060=1 --slots v100=4")
         slots[hardware] = int(n)
-    names = deploy_all(Path(args.sweeps), db_url=args.db, artifacts=args.artifacts, slots=slots, pools=args.pool)
-    console.print("registered: " + ", ".join(names))
+    names = deploy_all(Path(args.sweeps), db_url=args.db, artifacts=args.artifacts, slots=slots, pools=args.pool,
+                       say=lambda line: console.print(line, highlight=False))
+    console.print(f"registered {len(names)} deployments")
     console.print("start workers with: prefect worker start --pool sweeps  and  prefect worker start --pool HARDWARE")
     return 0
 
@@ -725,6 +760,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop the query after this long (default: $ABLATE_SQL_TIMEOUT or 30; 0: no limit)")
     s.add_argument("--max-rows", type=int, default=None, metavar="N",
                    help="refuse a result longer than this (default: $ABLATE_SQL_MAX_ROWS or 10,000; 0: no limit)")
+    s.add_argument("--max-bytes", type=int, default=None, metavar="N",
+                   help="refuse a result larger than this many bytes (default: $ABLATE_SQL_MAX_BYTES or 64 MiB; 0: no "
+                        "limit)")
 
     s = sub.add_parser("db", parents=[common], help="results database schema")
     s.add_argument("db_command", choices=("upgrade", "current"), help="upgrade: migrate to the newest schema")

@@ -25,8 +25,9 @@ import torch
 from filelock import FileLock
 
 from ablate.errors import AblateError, did_you_mean
-from ablate.sources import is_local_source
-from ablate.spec import DatasetRef, TokenizerRef, fingerprint
+from ablate.sources import is_local_source, special_files
+from ablate.spec import DatasetRef, TokenizerRef
+from ablate.tokencache import cache_folder, cache_intact, file_sha256, tokenizer_fingerprint  # noqa: F401 - data's API
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,16 @@ _is_local = is_local_source
 
 
 def _local_files(source: str) -> list[Path]:
+    files = _find_local_files(source)
+    special = special_files(files)
+    if special:
+        raise AblateError(f"dataset.source: {special[0]} is not a regular file (a device, pipe or socket can be read "
+                          "without end); point dataset.source at a file or folder of .txt, .jsonl, .parquet or "
+                          ".arrow files")
+    return files
+
+
+def _find_local_files(source: str) -> list[Path]:
     path = Path(source).expanduser()
     if any(c in source for c in "*?["):
         files = sorted(Path(p) for p in globlib.glob(str(path)))
@@ -252,14 +263,6 @@ def train_eval_documents(ref: DatasetRef, cache: Path | None = None):
 # ---------------------------------------------------------------- tokenizer
 
 
-def tokenizer_fingerprint(ref: TokenizerRef, dataset: DatasetRef) -> str:
-    if ref.name is not None:
-        return fingerprint({"name": ref.name})
-    if ref.trained_on is not None:  # exactly the tokenizer of a sweep on that corpus
-        return tokenizer_fingerprint(ref.model_copy(update={"trained_on": None}), ref.trained_on)
-    return fingerprint({"tokenizer": ref.model_dump(mode="json"), "dataset": dataset.model_dump(mode="json")})
-
-
 def _wrap(path: Path):
     from transformers import PreTrainedTokenizerFast
 
@@ -405,9 +408,8 @@ def prepare(dataset: DatasetRef, tokenizer: TokenizerRef, context: int, root: Pa
     `eos_is_target: False`: the end-of-text token stays in the rows as input but is never a target."""
     root = Path(root)
     tok_fp = tokenizer_fingerprint(tokenizer, dataset)
-    key = fingerprint({"dataset": dataset.model_dump(mode="json"), "tokenizer": tok_fp, "context": context,
-                       "packing": dataset.packing})
-    folder = root / "tokens" / key
+    folder = cache_folder(root, dataset, tokenizer, context)
+    key = folder.name
     if not cache_intact(folder):
         import datasets
 
@@ -456,7 +458,7 @@ def _build(folder: Path, dataset: DatasetRef, tok: Any, context: int, progress: 
             meta["splits"][split]["classes"] = _write_labels(folder, split, encoded["label"], dataset.label_field)
     if dataset.label_field is not None:
         meta["labels"] = True
-    meta["sha256"] = {f.name: _file_sha256(f) for f in sorted(folder.iterdir())
+    meta["sha256"] = {f.name: file_sha256(f) for f in sorted(folder.iterdir())
                       if f.suffix in (".bin", ".len", ".cls")}
     (folder / "meta.json").write_text(json.dumps(meta, indent=1))
 
@@ -469,26 +471,6 @@ def _write_labels(folder: Path, split: str, labels: list[Any], field_name: str) 
                           "0 .. classes-1 (map text labels to integers first)")
     np.asarray(labels, dtype=np.int32).tofile(folder / f"{split}.cls")
     return int(max(labels, default=-1)) + 1
-
-
-def _file_sha256(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def cache_intact(folder: Path) -> bool:
-    """Whether a token cache is complete and every file matches the sha256 its build recorded (checked at
-    every start: about 1 s per GB of tokens)."""
-    try:
-        sums = json.loads((folder / "meta.json").read_text()).get("sha256")
-        return bool(sums) and all(_file_sha256(folder / name) == digest for name, digest in sums.items())
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _pack_pad(folder: Path, split: str, encoded, context: int, dtype, pad_id: int) -> dict[str, int]:

@@ -14,6 +14,7 @@ import platform
 import re
 import socket
 import time
+import urllib.parse
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -160,8 +161,8 @@ class Meta(Base):
 def resolve_url(url: str | None = None) -> str:
     """--db beats ABLATE_DB_URL beats the default SQLite file; a bare path means a SQLite file."""
     url = url or os.environ.get("ABLATE_DB_URL") or DEFAULT_URL
-    if "://" not in url:
-        url = f"sqlite:///{url}"
+    if "://" not in url:  # a path may hold URL syntax (`%`, `?`, `#`): escaped, the URL names that very file
+        url = "sqlite:///" + url.replace("%", "%25").replace("?", "%3F").replace("#", "%23")
     return url
 
 
@@ -194,8 +195,10 @@ def make_engine(url: str | None = None, read_only: bool = False) -> sa.Engine:
         if read_only:
             if not path.exists():
                 raise AblateError(f"no results database at {path}; run a sweep first or pass --db URL")
-            # mode=ro: SQLite itself refuses writes on this connection
-            url_obj = sa.make_url(f"sqlite:///file:{path.resolve()}?mode=ro&uri=true")
+            # mode=ro: SQLite itself refuses writes on this connection. The path is percent-encoded for SQLite's
+            # URI (a `#` or `?` in it would start a fragment or the options) and passed as is, not re-parsed
+            url_obj = sa.URL.create("sqlite", database=f"file:{urllib.parse.quote(str(path.resolve()))}",
+                                    query={"mode": "ro", "uri": "true"})
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
         engine = sa.create_engine(url_obj, connect_args={"timeout": 60})
@@ -686,6 +689,18 @@ def is_live(run: Any) -> bool:
     process (on any host) is training it. Anything else `running` belongs to a dead process."""
     return (run.status == "running" and run.heartbeat_at is not None and run.heartbeat_at >= stale_before()
             and not _dead_here(run.claimed_by, run.pid))
+
+
+def trainer_running(run: Any) -> bool:
+    """Whether the trainer of a row (whatever its status says, e.g. `cancelled` a moment ago) still runs: its
+    pid exists when it was claimed on this host, else its heartbeat is fresh. A trainer clears `pid` as it ends."""
+    if not run.pid:
+        return False
+    host, _, rest = (run.claimed_by or "").partition(":")
+    if host == socket.gethostname():
+        return pid_alive(run.pid)
+    fresh = utcnow() - dt.timedelta(seconds=max(3 * HEARTBEAT_SECONDS, 5.0))
+    return run.heartbeat_at is not None and run.heartbeat_at >= fresh
 
 
 def _dead_here(claimed_by: str | None, pid: int | None) -> bool:

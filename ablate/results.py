@@ -11,11 +11,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 
-from ablate import db, sqlguard
+from ablate import db, readlogin, sqlguard
 from ablate.errors import AblateError
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 DEFAULT_MAX_ROWS = 10_000
+DEFAULT_MAX_BYTES = 64 << 20  # of the whole result, counted as the rows arrive (a single huge value included)
 READER_ROLE = db.READER_ROLE  # made by migration 0005 (or an administrator): SELECT on READABLE (+ Optuna's tables)
 READABLE = ("sweeps", "runs", "metrics", "run_results", "best_runs", "eval_curve")
 _READER_USABLE = (f"SELECT r IS NOT NULL AND pg_has_role(current_user, r, 'MEMBER') "
@@ -23,14 +24,18 @@ _READER_USABLE = (f"SELECT r IS NOT NULL AND pg_has_role(current_user, r, 'MEMBE
 
 
 def read_only_query(query: str, url: str | None = None, *, max_rows: int = DEFAULT_MAX_ROWS,
-                    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> tuple[list[str], list[tuple[Any, ...]]]:
+                    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, max_bytes: int = DEFAULT_MAX_BYTES,
+                    ) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run one guarded read-only statement in a transaction that is always rolled back; (columns, rows).
 
-    `max_rows` / `timeout_seconds` of 0 mean no limit. It never creates, migrates or writes the database.
+    `max_rows` / `timeout_seconds` / `max_bytes` of 0 mean no limit. It never creates, migrates or writes the
+    database.
     """
-    if max_rows < 0 or timeout_seconds < 0:
-        raise AblateError(f"max_rows ({max_rows}) and timeout_seconds ({timeout_seconds}) must be >= 0 (0: no limit)")
-    engine = db.reader(url)
+    if max_rows < 0 or timeout_seconds < 0 or max_bytes < 0:
+        raise AblateError(f"max_rows ({max_rows}), timeout_seconds ({timeout_seconds}) and max_bytes ({max_bytes}) "
+                          "must be >= 0 (0: no limit)")
+    # on PostgreSQL with ABLATE_READ_URL: the read-only login, which has no role above it (ablate/readlogin.py)
+    engine = readlogin.engine_for(url) or db.reader(url)
     dialect = engine.dialect.name
     if dialect not in ("postgresql", "sqlite"):
         raise AblateError(f"`ablate sql` runs on SQLite and PostgreSQL results databases; {dialect} is not supported")
@@ -39,14 +44,15 @@ def read_only_query(query: str, url: str | None = None, *, max_rows: int = DEFAU
         with engine.connect() as conn:
             try:
                 if dialect == "postgresql":
-                    return _fetch(_execute_postgres(conn, statement, timeout_seconds), max_rows)
-                with _sqlite_limits(conn, timeout_seconds):
+                    return _fetch(_execute_postgres(conn, statement, timeout_seconds), max_rows, max_bytes)
+                with _sqlite_limits(conn, timeout_seconds, max_bytes):
                     # no_parameters: the text goes to the driver as written (no `%` or `:name` placeholders)
-                    return _fetch(conn.execution_options(no_parameters=True).exec_driver_sql(statement), max_rows)
+                    return _fetch(conn.execution_options(no_parameters=True).exec_driver_sql(statement), max_rows,
+                                  max_bytes)
             finally:
                 conn.rollback()
     except SQLAlchemyError as exc:
-        raise _failure(exc, timeout_seconds) from None
+        raise _failure(exc, timeout_seconds, max_bytes) from None
 
 
 def _execute_postgres(conn: sa.Connection, statement: str, timeout_seconds: float) -> sa.CursorResult:
@@ -75,41 +81,71 @@ def _sqlite_authorize(action: int, arg1: str | None, arg2: str | None, _db: str 
 
 
 @contextmanager
-def _sqlite_limits(conn: sa.Connection, timeout_seconds: float) -> Iterator[None]:
-    """While inside: SQLite interrupts the statement past the deadline and authorizes reading only."""
+def _sqlite_limits(conn: sa.Connection, timeout_seconds: float, max_bytes: int) -> Iterator[None]:
+    """While inside: SQLite interrupts the statement past the deadline, authorizes reading only, and refuses to
+    make any string or blob longer than `max_bytes` (zeroblob(900000000) fails at once, not in the client)."""
+    import sqlite3
+
     raw = conn.connection.dbapi_connection
     deadline = time.monotonic() + timeout_seconds
     if timeout_seconds:
         raw.set_progress_handler(lambda: time.monotonic() > deadline, 1000)
     raw.set_authorizer(_sqlite_authorize)
+    length = raw.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
+    if max_bytes:
+        # the limit holds for a whole result record too (its header included): a little room above the cap, which
+        # the rows are counted against as they arrive
+        raw.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, min(max_bytes + 4096, length))
     try:
         yield
     finally:  # the connection goes back to the pool for other readers
         raw.set_progress_handler(None, 0)
         raw.set_authorizer(None)
+        raw.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, length)
 
 
-def _fetch(result: sa.CursorResult, max_rows: int) -> tuple[list[str], list[tuple[Any, ...]]]:
+def _fetch(result: sa.CursorResult, max_rows: int, max_bytes: int = 0) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """The rows, fetched in batches (a server-side cursor on PostgreSQL) and counted as they arrive."""
     if not result.returns_rows:
         raise AblateError(f"that statement returns no rows; {sqlguard.ONE_STATEMENT}")
     columns = list(result.keys())
-    rows = result.fetchall() if not max_rows else result.fetchmany(max_rows + 1)
-    result.close()
-    if max_rows and len(rows) > max_rows:
-        raise AblateError(f"the query returns more than {max_rows:,} rows; add LIMIT, or pass --max-rows N "
-                          "(0: no limit)")
-    return columns, [tuple(r) for r in rows]
+    rows: list[tuple[Any, ...]] = []
+    size = 0
+    try:
+        while batch := result.fetchmany(1000):
+            for row in batch:
+                rows.append(tuple(row))
+                size += sum(_value_bytes(v) for v in row)
+                if max_bytes and size > max_bytes:
+                    raise AblateError(_too_big(max_bytes))
+            if max_rows and len(rows) > max_rows:
+                raise AblateError(f"the query returns more than {max_rows:,} rows; add LIMIT, or pass --max-rows N "
+                                  "(0: no limit)")
+    finally:
+        result.close()
+    return columns, rows
 
 
-def _failure(exc: SQLAlchemyError, timeout_seconds: float) -> AblateError:
+def _value_bytes(value: Any) -> int:
+    return len(value) if isinstance(value, (str, bytes, bytearray, memoryview)) else 8 if value is not None else 1
+
+
+def _too_big(max_bytes: int) -> str:
+    limit = f"{max_bytes / (1 << 20):g} MiB" if max_bytes >= 1 << 20 else f"{max_bytes:,}-byte"
+    return f"the query's result is over the {limit} limit; select fewer or shorter values, or pass --max-bytes N (0: no limit)"
+
+
+def _failure(exc: SQLAlchemyError, timeout_seconds: float, max_bytes: int = 0) -> AblateError:
     """A user-facing sentence for a failed query (passwords in URLs redacted)."""
     reason = db.redact(str(getattr(exc, "orig", None) or exc).strip().splitlines()[0])
     lowered = reason.lower()
+    if "string or blob too big" in lowered and max_bytes:
+        return AblateError(_too_big(max_bytes))
     if "statement timeout" in lowered or lowered == "interrupted":
         return AblateError(f"the query ran past the {timeout_seconds:g} s limit; narrow it or pass --timeout SECONDS")
     if re.search(r"permission denied for (table|view|relation)", lowered):
         return AblateError(f"refused: {reason}; `ablate sql` reads the results tables and views: {', '.join(READABLE)}")
-    if any(word in lowered for word in ("permission denied", "not authorized", "authorization denied")):
+    if any(word in lowered for word in ("permission denied", "not authorized", "authorization denied", "must be a member of")):
         return AblateError(f"refused: {reason}; `ablate sql` reads the results tables and views "
                            f"({', '.join(READABLE)}) and nothing else")
     if "readonly" in lowered.replace("-", "").replace(" ", ""):

@@ -5,7 +5,6 @@ Plain functions, usable from the CLI, a notebook or a test; `flows/` wraps them 
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import signal
@@ -329,15 +328,59 @@ def prepare_data(trials: list[TrialConfig], artifacts: Path, say: Callable[[str]
                  progress: bool = True) -> None:
     """Build the sweep's token caches (download, tokenizer, packing) once, before any trial is dispatched: a
     dataset that cannot load, a vocabulary the corpus cannot support or a missing file fails here with one
-    message, instead of in every trial. Trials then read the caches (on a cluster, from the shared artifacts)."""
-    from ablate import data
+    message, instead of in every trial. Trials then read the caches (on a cluster, from the shared artifacts).
+    Caches that are built and intact are checked without importing torch (ablate/tokencache.py)."""
+    from ablate import tokencache
 
     todo = distinct_data(trials)
     for k, t in enumerate(todo, 1):
+        built = tokencache.cache_intact(tokencache.cache_folder(artifacts, t.dataset, t.tokenizer, t.context))
         if say is not None:
             say(f"data {k}/{len(todo)}: {t.dataset.source} ({t.tokenizer.name or f'BPE {t.tokenizer.vocab_size}'}, "
-                f"context {t.context})")
-        data.prepare(t.dataset, t.tokenizer, t.context, artifacts, progress=progress)
+                f"context {t.context}){' cached' if built else ''}")
+        if built:
+            continue
+        from ablate import data
+
+        before = _cache_entries(artifacts)
+        try:
+            data.prepare(t.dataset, t.tokenizer, t.context, artifacts, progress=progress)
+        except AblateError:
+            _remove_new_entries(artifacts, before)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a file that does not parse, memory, a full disk: one message
+            _remove_new_entries(artifacts, before)
+            raise AblateError(f"dataset.source {t.dataset.source}: the token cache could not be built: "
+                              f"{_root_cause(exc)}. Nothing was registered or kept (the cache is written to a "
+                              "temporary folder first); fix the data and run again") from None
+
+
+CACHE_FOLDERS = ("tokenizers", "tokens")
+
+
+def _cache_entries(artifacts: Path) -> set[Path]:
+    return {p for name in CACHE_FOLDERS for p in [artifacts / name, *(artifacts / name).glob("*")] if p.exists()}
+
+
+def _remove_new_entries(artifacts: Path, before: set[Path]) -> None:
+    """After a failed build: the lock files and empty folders it made (its data went to temporary folders, already
+    removed). Anything with content, or that existed before, stays."""
+    for path in sorted(_cache_entries(artifacts) - before, key=lambda p: len(p.parts), reverse=True):
+        try:
+            if path.is_dir():
+                path.rmdir()  # only when empty
+            elif path.suffix == ".lock" and path.stat().st_size == 0:
+                path.unlink()
+        except OSError:
+            pass
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost cause's type and first line (datasets wraps a parse error in DatasetGenerationError)."""
+    while exc.__cause__ is not None or (exc.__context__ is not None and not exc.__suppress_context__):
+        exc = exc.__cause__ or exc.__context__
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
 
 
 def sweep_id(engine: sa.Engine, name: str) -> int:
@@ -419,7 +462,4 @@ def _trainers_left(engine: sa.Engine, run_ids: list[int]) -> list[int]:
     with engine.connect() as conn:
         rows = conn.execute(sa.select(db.Run.id, db.Run.host, db.Run.pid, db.Run.heartbeat_at, db.Run.claimed_by)
                             .where(db.Run.id.in_(run_ids))).all()
-    here = socket.gethostname()
-    fresh = db.utcnow() - dt.timedelta(seconds=2 * db.HEARTBEAT_SECONDS)
-    return [r.id for r in rows if r.pid and (pid_alive(r.pid) if r.host == here else
-                                            (r.heartbeat_at is not None and r.heartbeat_at >= fresh))]
+    return [r.id for r in rows if db.trainer_running(r)]

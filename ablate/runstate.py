@@ -9,6 +9,7 @@ import os
 import random
 import resource
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,10 @@ import torch
 from ablate import db
 from ablate.errors import AblateError
 from ablate.spec import TrialConfig
+
+
+# seconds a trainer told to stop (a cancel, its runner gone) may take to checkpoint and end before it is killed
+CANCEL_GRACE_SECONDS = float(os.environ.get("ABLATE_CANCEL_GRACE_SECONDS", "120"))
 
 
 class SimulatedOOM(RuntimeError):
@@ -88,8 +93,15 @@ class Recorder:
     def _beat(self) -> None:
         """Every HEARTBEAT_SECONDS: say this claimant is alive, and stop the trainer (SIGTERM to this process:
         it checkpoints) when the run was cancelled from any host, or the runner that started it is gone (its
-        Prefect flow run was cancelled or killed: nobody would record this trainer's end)."""
+        Prefect flow run was cancelled or killed: nobody would record this trainer's end). A trainer still
+        here CANCEL_GRACE_SECONDS after that (one step or one checkpoint write longer than that, or code that
+        never returns to Python) is killed: its row already says why, and its last checkpoint is intact."""
+        told_at: float | None = None
         while not self._stop_beating.wait(db.HEARTBEAT_SECONDS):
+            if told_at is not None and time.monotonic() - told_at >= CANCEL_GRACE_SECONDS:
+                print(f"still running {CANCEL_GRACE_SECONDS:.0f} s after it was told to stop ({self.stop_reason}): "
+                      "killed", file=sys.stderr, flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
             try:
                 status = db.heartbeat(self.engine, self.run_id, self.claimant)
             except Exception:  # noqa: BLE001 - a database hiccup: try again next beat (stale only after many)
@@ -103,6 +115,7 @@ class Recorder:
                 elif self._runner_pid is not None and not db.pid_alive(self._runner_pid):
                     self.stop_reason = "orphaned"
                 if self.stop_reason is not None:
+                    told_at = time.monotonic()
                     os.kill(os.getpid(), signal.SIGTERM)
 
     def close(self) -> None:

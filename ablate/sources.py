@@ -24,3 +24,9 @@ def looks_like_path(source: str) -> bool:
 def has_splits(source: str) -> bool:
     """Whether a local source is a `save_to_disk` DatasetDict folder (the one local kind with named splits)."""
     return (Path(source).expanduser() / "dataset_dict.json").exists()
+
+
+def special_files(paths: list) -> list[str]:
+    """Those of `paths` that exist but are neither a regular file nor a folder (/dev/zero, a FIFO, a socket):
+    reading one as a corpus never ends, or blocks."""
+    return [str(p) for p in paths if os.path.exists(p) and not (os.path.isfile(p) or os.path.isdir(p))]

@@ -23,7 +23,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 from ablate import models
 from ablate.errors import SpecError, did_you_mean, one_of, show
 from ablate.overrides import apply_overrides
-from ablate.sources import has_splits, is_local_source, looks_like_path
+from ablate.sources import has_splits, is_local_source, looks_like_path, special_files
 
 MAX_TRIALS = 10_000
 OBJECTIVES = ("clm", "bidirectional", "multi_token", "autoencoder", "one_step", "classification")
@@ -393,6 +393,12 @@ def describe_recipe(trial: TrialConfig) -> str:
                f", end-of-text {'scored' if trial.eos_is_target else 'not scored (input only)'}"))
 
 
+# sizes past these are typing slips (context: 1000000000), refused in `plan` rather than a MemoryError at the first batch
+MAX_CONTEXT = 1 << 20  # tokens per row
+MAX_BATCH = 1 << 16  # rows per micro-batch; also accumulation steps
+MAX_MICRO_BATCH_TOKENS = 1 << 24  # batch_size x context
+
+
 class TrialConfig(Frozen):
     """Everything one run needs. Its fingerprint is the run's identity."""
 
@@ -404,10 +410,10 @@ class TrialConfig(Frozen):
     layers: Int32 = Field(gt=0)
     heads: Int32 | None = Field(None, gt=0)
     kv_heads: Int32 | None = Field(None, gt=0)
-    context: Int32 = Field(gt=1)
+    context: Int32 = Field(gt=1, le=MAX_CONTEXT)
     lr: Real = Field(gt=0, le=1)
-    batch_size: Int32 = Field(gt=0)
-    grad_accum: Int32 = Field(1, gt=0)
+    batch_size: Int32 = Field(gt=0, le=MAX_BATCH)
+    grad_accum: Int32 = Field(1, gt=0, le=MAX_BATCH)
     weight_decay: Real = Field(0.0, ge=0)
     warmup: Real = Field(0.02, ge=0, lt=1)  # fraction of the schedule (the horizon, else the budget)
     warmup_steps: Int32 | None = Field(None, ge=0)  # warm-up in optimizer steps; when set, `warmup` is unused
@@ -444,6 +450,10 @@ class TrialConfig(Frozen):
         if allowed is not None and self.architecture not in allowed:
             raise ValueError(f"objective {self.objective!r} is built for architectures {one_of(allowed)}, "
                              f"not {self.architecture!r}; use one of those or objective: clm")
+        if self.batch_size * self.context > MAX_MICRO_BATCH_TOKENS:
+            raise ValueError(f"batch_size x context = {self.batch_size} x {self.context} = "
+                             f"{self.batch_size * self.context:,} tokens per micro-batch is over the limit of "
+                             f"{MAX_MICRO_BATCH_TOKENS:,}: lower batch_size (grad_accum keeps the global batch) or context")
         settings = self.objective_settings()
         if self.objective == "classification" and self.dataset.label_field is None:
             raise ValueError("objective 'classification' needs labelled documents: set dataset.label_field (the "
@@ -891,6 +901,11 @@ def _resolve_local(dataset: dict[str, Any], base_dir: Path, must_exist: bool = T
     for candidate in tried:
         found = glob.glob(str(candidate)) if any(c in source for c in "*?[") else candidate.exists()
         if found:
+            special = special_files(found if isinstance(found, list) else [candidate])
+            if special:
+                raise ValueError(f"source: {special[0]} is not a regular file or folder (a device, pipe or socket "
+                                 "can be read without end); point dataset.source at a file or folder of .txt, "
+                                 ".jsonl, .parquet or .arrow files")
             return {**dataset, "source": str(Path(os.path.normpath(candidate)))}
     if must_exist and looks_like_path(source):
         raise ValueError(f"source: no file or folder {source!r}; tried {', '.join(str(t) for t in tried)}. "

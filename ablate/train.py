@@ -14,7 +14,6 @@ import json
 import math
 import os
 import random
-import signal
 import sys
 import time
 import traceback
@@ -34,6 +33,7 @@ from ablate.runstate import (
     run_dir, save_checkpoint, set_rng_state,
 )
 from ablate.spec import HARDWARE_PROFILES, TrialConfig
+from ablate.stopping import Stopped, StopSignal
 
 
 # ---------------------------------------------------------------- the loop
@@ -130,6 +130,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
         progress = Progress(**state["progress"])
         set_rng_state(state["rng"])
         resumed = True
+        del state  # the model's copy (the optimizer holds its own tensors)
     # points past the checkpoint (or, starting from step 0, every point of earlier attempts) are logged anew
     recorder.forget_after(progress.step if resumed else -1)
 
@@ -144,16 +145,15 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
 
     # diverged: a non-finite loss, or one 4x worse than guessing uniformly over the vocabulary
     divergence_limit = 4.0 * math.log(prepared.vocab_size)
-    preempt = {"flag": False, "training": False}
+    # SIGTERM (a cancel, a stopped sweep, a worker shutting down): checkpoint at the next step once training
+    # runs; before that (warm-up, compile: minutes on a GPU) nothing to save: stop at once (ablate/stopping.py)
+    stop = StopSignal()
 
-    def on_sigterm(*_: Any) -> None:
-        """SIGTERM (a cancel, a stopped sweep, a worker shutting down): checkpoint at the next step; before
-        training began (warm-up, compile: minutes on a GPU) there is nothing to save, so stop at once."""
-        preempt["flag"] = True
-        if not preempt["training"]:
-            raise _Stopped()
+    def stopped_before_training() -> dict[str, Any]:  # nothing trained: no checkpoint; the next attempt starts over
+        return _finalize(recorder, _stopped_status(recorder), None, progress, clock, device, params,
+                         flops_per_token, device_name, None, None)
 
-    previous_handler = signal.signal(signal.SIGTERM, on_sigterm) if _main_thread() else None
+    stop.install(stopped_before_training)
 
     def fraction() -> float:
         return bud.budget_fraction(kind, amount, clock.elapsed(), progress.step, progress.tokens, flops_per_token)
@@ -200,12 +200,15 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
 
     # ---- untimed warm-up steps (compile, allocator) at lr 0, which leaves every weight as it was (AdamW moves a
     # weight by lr times its update, decay included); the optimizer's moments, the scaler and the RNGs are reset
-    # afterwards, so they teach the model nothing. No copy of model or optimizer is made.
+    # afterwards (a resumed run's from its checkpoint), so they teach the model nothing. A resumed run warms up
+    # too: its compile is start-up, not training time. No copy of model or optimizer is made.
     warmup_seconds = 0.0
-    if not resumed and settings.warmup_steps > 0:
-        t0 = time.perf_counter()
-        saved_rng = rng_state()
-        try:
+    warm_up = settings.warmup_steps > 0
+    try:
+        if warm_up:
+            t0 = time.perf_counter()
+            saved_rng = rng_state()
+            data_before = clock.meters["data"]
             while True:
                 try:
                     for _ in range(settings.warmup_steps):
@@ -216,21 +219,32 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
                     if not is_oom(exc):
                         raise
                     if not _shrink(trial, progress, optimizer, device):
+                        stop.end_startup()
+                        stop.uninstall()
                         return _finish_oom(recorder, trial, progress, clock, device, exc, time.perf_counter() - t_start,
                                            params)
-        except _Stopped:  # nothing trained yet: no checkpoint, the next attempt starts from step 0
-            if previous_handler is not None:
-                signal.signal(signal.SIGTERM, previous_handler)
-            return _finalize(recorder, _stopped_status(recorder), None, progress, clock, device, params,
-                             flops_per_token, device_name, None, None)
-        preempt["training"] = True  # from here a SIGTERM is seen at the next step, which checkpoints first
+        # from here a SIGTERM is seen at the next step, which checkpoints first; one that came during start-up
+        # but whose handler ran late (compile code can hold it back, or swallow what it raised) stops here
+        stop.begin_training()
+    except Stopped:  # nothing trained yet: no checkpoint, the next attempt starts from step 0
+        stop.end_startup()
+        stop.uninstall()
+        return stopped_before_training()
+    if warm_up:
         sync()
-        optimizer.state.clear()  # as built: no moments, step counts from 0
+        if resumed:  # the moments and scaler as checkpointed (read again: the warm-up moved them in place)
+            saved = load_checkpoint(ckpt_path, map_location="cpu")
+            optimizer.load_state_dict(saved["optimizer"])
+            if scaler is not None and saved["scaler"] is not None:
+                scaler.load_state_dict(saved["scaler"])
+            del saved
+        else:
+            optimizer.state.clear()  # as built: no moments, step counts from 0
+            if scaler is not None:
+                scaler = torch.amp.GradScaler(device.type)
         optimizer.zero_grad(set_to_none=True)
-        if scaler is not None:
-            scaler = torch.amp.GradScaler(device.type)
         set_rng_state(saved_rng)
-        clock.meters["data"] = 0.0
+        clock.meters["data"] = data_before
         warmup_seconds = time.perf_counter() - t0
         clock.meters["warmup"] += warmup_seconds
         if use_compile:
@@ -253,7 +267,6 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     status = "completed"
     error: str | None = None
     bar = _progress_bar(settings.progress and dist_.is_main, trial)
-    preempt["training"] = True
 
     clock.start()
     try:
@@ -261,18 +274,18 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
             f = fraction()
             # ---- stop check every step; all ranks agree (one tiny all-reduce in DDP)
             if recorder.lost:  # another process took this run over (we were thought dead): stop, write nothing
-                preempt["flag"] = True
+                stop.flag = True
             past_horizon = along_horizon is not None and along_horizon(
                 f, progress.step, progress.tokens, progress.samples, progress.rows) >= 1.0
-            want_stop = f >= 1.0 or preempt["flag"] or past_horizon
+            want_stop = f >= 1.0 or stop.flag or past_horizon
             want_log = (log_every_s is not None and clock.elapsed() - last_log_t >= log_every_s) or (
                 log_every_steps is not None and progress.step % log_every_steps == 0 and progress.step > 0
             ) or (kind in ("tokens", "flops") and progress.step % 50 == 0 and progress.step > 0)
             if dist_.world > 1:
-                flags = torch.tensor([float(want_stop), float(want_log), float(preempt["flag"]), float(recorder.lost)],
+                flags = torch.tensor([float(want_stop), float(want_log), float(stop.flag), float(recorder.lost)],
                                      device=device)
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-                want_stop, want_log, preempt["flag"] = bool(flags[0]), bool(flags[1]), bool(flags[2])
+                want_stop, want_log, stop.flag = bool(flags[0]), bool(flags[1]), bool(flags[2])
                 recorder.lost = bool(flags[3])
             if want_log or want_stop:
                 with clock.paused("bookkeeping"):
@@ -292,7 +305,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
                     if recorder.maybe_flush():
                         recorder.flush()
             if want_stop:
-                if preempt["flag"]:
+                if stop.flag:
                     status = "preempted"
                 elif past_horizon and f < 1.0:
                     progress.notes["ended_at_horizon"] = {"step": progress.step, "budget_fraction": round(f, 4)}
@@ -334,8 +347,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
         _finalize(recorder, status, error, progress, clock, device, params, flops_per_token, device_name, None, None)
         raise
     finally:
-        if previous_handler is not None:
-            signal.signal(signal.SIGTERM, previous_handler)
+        stop.uninstall()
     clock.stop()
     progress.elapsed = clock.elapsed()
     if recorder.lost:
@@ -359,10 +371,15 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
                  loss=final_eval, lr=None, eval_point=1.0)
     final_train = _final_train_loss(progress.intervals)
     with clock.paused("checkpoint"):
-        _checkpoint(ckpt_path, model, optimizer, scaler, progress, clock, recorder, dist_,
-                                (interval_sum, interval_count), identity)
-        if dist_.is_main:
-            prepared.save_tokenizer(ckpt_path.parent / "tokenizer")
+        try:
+            _checkpoint(ckpt_path, model, optimizer, scaler, progress, clock, recorder, dist_,
+                        (interval_sum, interval_count), identity)
+            if dist_.is_main:
+                prepared.save_tokenizer(ckpt_path.parent / "tokenizer")
+        except (AblateError, OSError) as exc:  # the result is in hand and its points are in the DB: keep it
+            progress.notes["final_checkpoint"] = f"not written: {str(exc)[:500]}"
+            print(f"warning: the run's result is kept, but its final checkpoint was not written: {exc}",
+                  file=sys.stderr)
     if not math.isfinite(final_eval):
         return _finalize(recorder, "diverged", f"eval loss {final_eval}", progress, clock, device, params,
                          flops_per_token, device_name, final_train, final_eval)
@@ -427,10 +444,6 @@ def _shrink(trial: TrialConfig, progress: Progress, optimizer: Any, device: torc
     return True
 
 
-class _Stopped(BaseException):
-    """SIGTERM before training began (not an Exception: no handler of errors catches it)."""
-
-
 def _stopped_status(recorder: Recorder) -> str:
     """A stopped run is `cancelled` when a user cancelled it (its row says so), else `preempted` (resumable)."""
     return "cancelled" if recorder.cancelled() else "preempted"
@@ -442,12 +455,6 @@ class _null:
 
     def __exit__(self, *exc: Any) -> None:
         return None
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def _reduce(loss_sum: torch.Tensor, count: torch.Tensor, dist_: Dist) -> tuple[float, float]:
@@ -476,11 +483,17 @@ def _checkpoint(path: Path, model: Any, optimizer: Any, scaler: Any, progress: P
     progress.elapsed = clock.elapsed()
     progress.open_interval = (float(interval[0]), float(interval[1]))
     progress.meters = dict(clock.meters)
+    failed: AblateError | None = None
     if dist_.is_main:
         recorder.flush()
-        save_checkpoint(path, model, optimizer, scaler, progress, identity)
+        try:
+            save_checkpoint(path, model, optimizer, scaler, progress, identity)
+        except AblateError as exc:  # raised after the barrier: the other ranks do not wait for rank 0 forever
+            failed = exc
     if dist_.world > 1:
         dist.barrier()
+    if failed is not None:
+        raise failed
 
 
 @torch.no_grad()
@@ -542,7 +555,7 @@ def _finalize(recorder: Recorder, status: str, error: str | None, progress: Prog
         notes={"meters": bud.summarize_meters(clock), **progress.notes} or None,
         finished_at=db.utcnow(),
     )
-    recorder.update(**outcome)
+    recorder.update(**outcome, pid=None)  # no pid: this trainer is ending (`sweep status` stops saying "cancelling")
     recorder.close()
     return outcome
 

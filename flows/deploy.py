@@ -20,6 +20,7 @@ from ablate.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEP_POOL = "sweeps"
+ZOMBIES = "ablate: crash flow runs whose machine died"
 
 
 def ensure_pool(name: str, concurrency: int | None) -> None:
@@ -34,6 +35,45 @@ def ensure_pool(name: str, concurrency: int | None) -> None:
             client.update_work_pool(name, WorkPoolUpdate(concurrency_limit=concurrency))
         except ObjectNotFound:
             client.create_work_pool(WorkPoolCreate(name=name, type="process", concurrency_limit=concurrency))
+
+
+def ensure_zombie_automation() -> str:
+    """The server-side automation that marks a flow run Crashed when its heartbeats stop (its machine or worker
+    died), as Prefect documents for self-hosted servers: search flow runs have no sweep flow watching them, and a
+    Crashed flow run frees its pool's concurrency slot. Flow runs beat every PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+    seconds (Prefect's default: 180); silence for ABLATE_ZOMBIE_SECONDS (default three beats, at least 540 s: a
+    server restart shorter than that loses heartbeats without crashing anything) makes a zombie. Created or
+    updated; a sentence for `say`."""
+    import os
+    import datetime as dt
+
+    from prefect.automations import Automation
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import EventTrigger, Posture
+    from prefect.events.schemas.events import ResourceSpecification
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+
+    beat = PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() or 180
+    silent = int(float(os.environ.get("ABLATE_ZOMBIE_SECONDS", 0)) or max(3 * beat, 540))
+    ended = {f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed")}
+    wanted = Automation(
+        name=ZOMBIES,
+        description="flow runs (sweep, trial, search) that stopped beating: their process or machine is gone",
+        trigger=EventTrigger(after={"prefect.flow-run.heartbeat"}, expect={"prefect.flow-run.heartbeat", *ended},
+                             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
+                             for_each={"prefect.resource.id"}, posture=Posture.Proactive, threshold=1,
+                             within=dt.timedelta(seconds=silent)),
+        actions=[ChangeFlowRunState(state=StateType.CRASHED,
+                                    message=f"no heartbeat for {silent} s: its machine or worker died")])
+    try:
+        existing = Automation.read(name=ZOMBIES)
+    except ValueError:
+        wanted.create()
+        return f"automation {ZOMBIES!r}: flow runs silent for {silent} s are marked Crashed"
+    existing.trigger, existing.actions, existing.description = wanted.trigger, wanted.actions, wanted.description
+    existing.update()
+    return f"automation {ZOMBIES!r} updated: flow runs silent for {silent} s are marked Crashed"
 
 
 def wait_for_api(timeout: float | None = None, say: Any = print) -> str:
@@ -68,11 +108,30 @@ def wait_for_api(timeout: float | None = None, say: Any = print) -> str:
         time.sleep(1)
 
 
+def _deploy(entrypoint: str, source: Path, say: Any, **kwargs: Any) -> str:
+    """One deployment, with Prefect's own table and notices (printed for every deployment) kept out of the
+    terminal: one line here instead, and Prefect's text in the error if it fails."""
+    import contextlib
+    import io
+
+    captured = io.StringIO()
+    name = f"{entrypoint.rsplit(':', 1)[1]}/{kwargs['name']}"
+    try:
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+            flow.from_source(source=str(source), entrypoint=entrypoint).deploy(print_next_steps=False, **kwargs)
+    except Exception as exc:
+        raise AblateError(f"deployment {name} could not be registered: {type(exc).__name__}: {exc}\n"
+                          f"{captured.getvalue()[-2000:]}") from exc
+    say(f"deployed {name} (work pool {kwargs['work_pool_name']})")
+    return name
+
+
 def deploy_all(sweeps_dir: Path = REPO / "sweeps", db_url: str | None = None, artifacts: str | None = None,
-               slots: dict[str, int] | None = None, source: Path = REPO, pools: list[str] | tuple[str, ...] = ()
-               ) -> list[str]:
-    """Register every deployment; returns their names ("sweep/smoke", "trial/cpu", ...). `pools`: hardware names
-    beyond the sweep files' that get a work pool and a trial deployment (for `hardware` overrides)."""
+               slots: dict[str, int] | None = None, source: Path = REPO, pools: list[str] | tuple[str, ...] = (),
+               say: Any = print) -> list[str]:
+    """Register every deployment, one line each through `say`; returns their names ("sweep/smoke", "trial/cpu",
+    ...). `pools`: hardware names beyond the sweep files' that get a work pool and a trial deployment (for
+    `hardware` overrides)."""
     slots = slots or {}
     if db_url and sa.make_url(db.resolve_url(db_url)).password:
         raise AblateError("--db carries a password, which Prefect would keep in plain text in every deployment's "
@@ -82,22 +141,19 @@ def deploy_all(sweeps_dir: Path = REPO / "sweeps", db_url: str | None = None, ar
     wait_for_api()
     names = []
     ensure_pool(SWEEP_POOL, None)
+    say(ensure_zombie_automation())
     shared = {"db_url": db_url} | ({"artifacts": artifacts} if artifacts else {})
     for hardware in sorted({s.budget.hardware for s in specs.values()} | set(pools)):
         ensure_pool(hardware, slots.get(hardware))  # None: no pool-wide cap; each worker runs one trial per GPU
-        trial_flow = flow.from_source(source=str(source), entrypoint="flows/sweep.py:trial")
-        trial_flow.deploy(name=hardware, work_pool_name=hardware, parameters=shared, print_next_steps=False)
-        names.append(f"trial/{hardware}")
+        names.append(_deploy("flows/sweep.py:trial", source, say, name=hardware, work_pool_name=hardware,
+                             parameters=shared))
     for path, spec in specs.items():
-        sweep_flow = flow.from_source(source=str(source), entrypoint="flows/sweep.py:sweep")
         rel = path.resolve().relative_to(source.resolve()) if path.resolve().is_relative_to(source.resolve()) else path
-        sweep_flow.deploy(name=spec.name, work_pool_name=SWEEP_POOL, print_next_steps=False,
-                          parameters={"spec": str(rel), "use_deployments": True, **shared},
-                          description=spec.description)
-        names.append(f"sweep/{spec.name}")
+        names.append(_deploy("flows/sweep.py:sweep", source, say, name=spec.name, work_pool_name=SWEEP_POOL,
+                             parameters={"spec": str(rel), "use_deployments": True, **shared},
+                             description=spec.description))
         if spec.search is not None:  # on the GPU pool: a search flow run is a worker training its trials where it runs
-            search_flow = flow.from_source(source=str(source), entrypoint="flows/search.py:search")
-            search_flow.deploy(name=spec.name, work_pool_name=spec.budget.hardware, print_next_steps=False,
-                               parameters={"spec": str(rel), **shared}, description=spec.description)
-            names.append(f"search/{spec.name}")
+            names.append(_deploy("flows/search.py:search", source, say, name=spec.name,
+                                 work_pool_name=spec.budget.hardware, parameters={"spec": str(rel), **shared},
+                                 description=spec.description))
     return names

@@ -10,7 +10,13 @@ What a cluster does to trials, and what happens here (every `POLL_SECONDS`):
 - a trial flow run that ended while its run is still owed (a worker stopped: `preempted`): dispatched again;
 - a run cancelled in the DB (`ablate sweep cancel`, any host): its trial flow run is cancelled too;
 - this sweep flow run cancelled in Prefect: its trial flow runs are cancelled and their runs marked
-  `cancelled` (their trainers checkpoint and stop within a heartbeat).
+  `cancelled` (their trainers checkpoint and stop within a heartbeat);
+- the Prefect API unreachable (a server restart): every call is retried with backoff for up to
+  `API_OUTAGE_SECONDS` while the trainers go on; a trial flow run whose process ended meanwhile stays Running
+  in Prefect, so a run whose row has its outcome is taken from the row (its flow run marked Crashed once
+  that is older than the stale limit, freeing the slot);
+- a sweep flow run started again (its first one died anyway): runs still training under the first one's
+  trial flow runs are watched through those (found by their tag), not dispatched twice.
 """
 
 from __future__ import annotations
@@ -27,37 +33,58 @@ from ablate import db, runner
 from ablate.errors import AblateError
 
 POLL_SECONDS = float(os.environ.get("ABLATE_DISPATCH_POLL_SECONDS", "5"))
+API_OUTAGE_SECONDS = float(os.environ.get("ABLATE_API_OUTAGE_SECONDS", "900"))  # a Prefect server restart ridden out
+SETTLED = ("pending", "preempted", "running")  # row statuses that are not an outcome yet
 WORKER_CHECK_SECONDS = 60.0  # how often a sweep whose trials wait re-checks that their pool has a live worker
 MAX_DISPATCHES = 5  # flow runs per run within one sweep flow run (each resumes the last one's checkpoint)
 
 
 def dispatch_to_pool(hardware: str, todo: list[int], kwargs: dict[str, Any], engine: sa.Engine,
-                     log: Any) -> dict[int, str]:
-    """Run each of `todo` as a flow run of `trial/<hardware>` and watch them; {run id: final status}."""
+                     log: Any, attach: list[int] = ()) -> dict[int, str]:
+    """Run each of `todo` as a flow run of `trial/<hardware>` and watch them, and `attach` (runs another
+    sweep flow run dispatched, still training) through their trial flow runs; {run id: final status}."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
+    from prefect.runtime import flow_run as this_flow_run
 
-    live: dict[int, Any] = {}  # run id -> its current trial flow run id
+    live: dict[int, Any] = {}  # run id -> its current trial flow run id (None: none known, the row says)
     dispatches: Counter[int] = Counter()
     results: dict[int, str] = {}
+    # a run dispatched again (its machine died, its worker stopped) is scheduled before every trial of the sweep
+    # still waiting: workers take flow runs in order of scheduled time, so it does not queue behind the whole sweep
+    first_dispatch = dt.datetime.now(dt.timezone.utc)
+
+    tag = run_tag(engine)
 
     def submit(rid: int) -> None:
-        flow_run = run_deployment(f"trial/{hardware}", parameters={"run_id": rid, **kwargs}, timeout=0,
-                                  as_subflow=True)
+        again = {"scheduled_time": first_dispatch - dt.timedelta(seconds=1)} if dispatches[rid] else {}
+        # the same key for a retried request: a creation whose answer was lost in an outage is not made twice
+        key = f"{this_flow_run.id}:{rid}:{dispatches[rid]}"
+        flow_run = ride_out(lambda: run_deployment(
+            f"trial/{hardware}", parameters={"run_id": rid, **kwargs}, timeout=0, as_subflow=True,
+            tags=[tag(rid)], idempotency_key=key, **again), log, f"dispatching run {rid}")
         live[rid] = flow_run.id
         dispatches[rid] += 1
 
     with get_client(sync_client=True) as client:
-        check_workers(client, hardware, log)
+        ride_out(lambda: check_workers(client, hardware, log), log, "checking the pool's workers")
         for rid in todo:
             submit(rid)
+        if attach:
+            found = ride_out(lambda: _trial_flow_runs(client, [tag(rid) for rid in attach]), log, "finding trials")
+            for rid in attach:
+                live[rid] = found.get(tag(rid))
+                dispatches[rid] += 1
+            log.info("%d runs still training under an earlier sweep flow run: watched, not dispatched again",
+                     len(attach))
         next_worker_check = time.monotonic() + WORKER_CHECK_SECONDS
         try:
             while live:
                 time.sleep(POLL_SECONDS)
-                waiting = _watch_once(client, engine, live, dispatches, results, submit, log)
+                waiting = ride_out(lambda: _watch_once(client, engine, live, dispatches, results, submit, log), log,
+                                   "watching the trials")
                 if waiting and time.monotonic() >= next_worker_check:
-                    check_workers(client, hardware, log)
+                    ride_out(lambda: check_workers(client, hardware, log), log, "checking the pool's workers")
                     next_worker_check = time.monotonic() + WORKER_CHECK_SECONDS
         except BaseException:
             if _cancelled_in_prefect(client):
@@ -72,8 +99,9 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], dispatches
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.states import Crashed
 
+    known = [fid for fid in live.values() if fid is not None]
     flows = {fr.id: fr for fr in client.read_flow_runs(
-        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(live.values()))), limit=len(live))}
+        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=known)), limit=len(known))} if known else {}
     with db.session_factory(engine)() as session:
         rows = {r.id: r for r in session.scalars(sa.select(db.Run).where(db.Run.id.in_(list(live))))}
     waiting = 0
@@ -81,6 +109,19 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], dispatches
         state, row = (flows[fid].state if fid in flows else None), rows.get(rid)
         if row is None:  # deleted meanwhile (an edit of the spec dropped it): nothing is owed
             del live[rid]
+            continue
+        if row.status not in SETTLED and (state is None or not state.is_final()) and _settled_long_ago(row, fid):
+            # the row has the outcome but the trial flow run never said so (its process ended while the API was
+            # away, or there is none): the row is the truth; a flow run still Running is marked Crashed
+            if state is not None:
+                client.set_flow_run_state(fid, Crashed(message=f"run {rid} ended {row.status} (in the results DB) "
+                                                               "while its flow run could not report it"), force=True)
+            results[rid] = row.status
+            del live[rid]
+            continue
+        if fid is None:  # no flow run known (attached): a run whose trainer is gone is owed
+            if row.status in ("pending", "preempted") or (row.status == "running" and not db.is_live(row)):
+                submit(rid)
             continue
         if state is None:
             continue
@@ -106,6 +147,57 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], dispatches
         elif state.is_scheduled() or state.is_pending():
             waiting += 1
     return waiting
+
+
+def _settled_long_ago(row: db.Run, fid: Any) -> bool:
+    """Whether an outcome in the row is old enough to be taken over a flow run that has not caught up (at once
+    when there is no flow run to wait for)."""
+    if fid is None or row.finished_at is None:
+        return fid is None
+    return (db.utcnow() - row.finished_at).total_seconds() > db.STALE_SECONDS
+
+
+def run_tag(engine: sa.Engine) -> Any:
+    """The tag of a run's trial flow runs (database and run id): a later sweep flow run finds them by it."""
+    database = db.database_id(engine)[:12]
+    return lambda rid: f"ablate-run:{database}:{rid}"
+
+
+def _trial_flow_runs(client: Any, tags: list[str]) -> dict[str, Any]:
+    """{tag: id of its newest non-final trial flow run} for the given run tags."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    found: dict[str, Any] = {}
+    for fr in client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(any_=tags)),
+                                    sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=10 * len(tags) + 10):
+        if fr.state is None or fr.state.is_final():
+            continue
+        for t in fr.tags:
+            if t in tags and t not in found:
+                found[t] = fr.id
+    return found
+
+
+def ride_out(call: Any, log: Any, what: str) -> Any:
+    """`call()`, retried with backoff (2 s doubling to 30 s) while the Prefect API is unreachable or answers
+    5xx (a server restart), for up to API_OUTAGE_SECONDS; any other error at once."""
+    import httpx
+
+    deadline = time.monotonic() + API_OUTAGE_SECONDS
+    wait = 2.0
+    while True:
+        try:
+            return call()
+        except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+            status = exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else None
+            if (status is not None and status < 500) or time.monotonic() + wait > deadline:
+                raise
+            reason = f"HTTP {status}" if status else type(exc).__name__
+            log.warning("the Prefect API is unreachable (%s): %s again in %.0f s; the trainers go on meanwhile",
+                        reason, what, wait)
+            time.sleep(wait)
+            wait = min(wait * 2, 30.0)
 
 
 def _dead(row: db.Run, state: Any) -> bool:

@@ -14,7 +14,7 @@ import ablate.search
 from ablate import runner
 
 
-@flow(name="search", log_prints=True)
+@flow(name="search")
 def search(spec: str, db_url: str | None = None, artifacts: str = "results/artifacts", workers: int = 1,
            n_trials: int | None = None, seed: int | None = None, checkpoint_every: float | None = None,
            memory_cap_mb: float | None = None, poll_seconds: float = 1.0) -> dict[int, str]:

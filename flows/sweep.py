@@ -21,6 +21,7 @@ from prefect import flow, get_run_logger
 from prefect.states import Cancelled
 
 from ablate import db, runner
+from ablate.errors import AblateError
 
 
 class TrialFailed(Exception):
@@ -31,7 +32,11 @@ class TrialsFailed(Exception):
     """Some of a sweep's trials ended `failed`."""
 
 
-@flow(name="trial", log_prints=True)
+# No `log_prints` on these flows: Prefect would send every print() to the run's log, including the disassembly
+# that dill prints to a captured stdout to find a function's globals while `datasets` hashes the token cache's
+# map functions (110 lines of bytecode per sweep, and the scan then sees nothing). What the flows say goes through
+# get_run_logger(); warnings of the runner go to the worker's stderr.
+@flow(name="trial")
 def trial(run_id: int, db_url: str | None = None, artifacts: str = "results/artifacts",
           checkpoint_every: float | None = None, memory_cap_mb: float | None = None,
           gpu_ids: list[int] | None = None, threads: int | None = None, retry_failed: bool = False,
@@ -58,7 +63,7 @@ def _reason(engine: Any, run_id: int) -> str:
     return error.splitlines()[0][:300] if error else "no error recorded"
 
 
-@flow(name="sweep", log_prints=True)
+@flow(name="sweep")
 def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifacts", gpu_slots: int = 1,
           retry_failed: bool = False, use_deployments: bool = False, checkpoint_every: float | None = None,
           memory_cap_mb: float | None = None, threads: int | None = None, budget: str | None = None,
@@ -76,8 +81,20 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
     the trials at once.
     """
     log = get_run_logger()
-    overrides = {"budget": budget, "source": source, "holdout": holdout, "vocab_size": vocab_size, "gpus": gpus,
-                 "hardware": hardware, "name": name}
+    try:
+        return _sweep(log, spec, db_url, artifacts, gpu_slots, retry_failed, use_deployments, checkpoint_every,
+                      memory_cap_mb, threads, merge, prepare_data,
+                      {"budget": budget, "source": source, "holdout": holdout, "vocab_size": vocab_size, "gpus": gpus,
+                       "hardware": hardware, "name": name})
+    except (AblateError, TrialsFailed) as exc:  # the reason as a log line: `prefect deployment run --watch` shows it
+        log.error("%s", exc)
+        raise
+
+
+def _sweep(log: Any, spec: str, db_url: str | None, artifacts: str, gpu_slots: int, retry_failed: bool,
+           use_deployments: bool, checkpoint_every: float | None, memory_cap_mb: float | None, threads: int | None,
+           merge: bool, prepare_data: bool, overrides: dict[str, Any]) -> Any:
+    hardware = overrides["hardware"]
     if use_deployments and hardware:  # a pool `ablate deploy` may not have made: said before anything is registered
         from flows.dispatch import check_deployment
 
@@ -93,7 +110,12 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
     if use_deployments:
         from flows.dispatch import dispatch_to_pool
 
-        results = dispatch_to_pool(parsed.budget.hardware, todo, {**kwargs, "threads": threads}, engine, log)
+        # runs training under an earlier sweep flow run of this sweep (one that died: a run of the deployment
+        # again resumes the sweep) are watched, not dispatched twice
+        attach = [r.id for r in runner.sweep_runs(engine, parsed.name)
+                  if r.id in run_ids and r.id not in todo and r.status == "running"]
+        results = dispatch_to_pool(parsed.budget.hardware, todo, {**kwargs, "threads": threads}, engine, log,
+                                   attach=attach)
     else:
         results = _run_here(parsed, todo, kwargs, gpu_slots, threads, engine)
     return _final(results, engine, parsed.name)

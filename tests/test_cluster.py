@@ -48,8 +48,14 @@ class Cluster:
                     "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "INFO",
                     "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp / 'prefect.db'}",
                     "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "2",
+                    # as docker-compose.yml's server: logs stream to `prefect deployment run --watch`
+                    "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true",
+                    "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true",
                     "ABLATE_HEARTBEAT_SECONDS": "1", "ABLATE_STALE_SECONDS": "10",
                     "ABLATE_DISPATCH_POLL_SECONDS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                    # flow runs beat every 30 s (Prefect's least; default 180): `ablate deploy`'s automation crashes
+                    # one silent for 150 s (longer than the server outage of the restart test and a beat)
+                    "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30", "ABLATE_ZOMBIE_SECONDS": "150",
                     "OMP_NUM_THREADS": "1"}
         self.procs: list[subprocess.Popen] = []
         self.logs: list = []
@@ -70,6 +76,26 @@ class Cluster:
         out = self.run(str(BIN / "prefect"), "deployment", "run", name, *(a for p in params for a in ("--param", p)))
         assert out.returncode == 0, (out.stdout + out.stderr)[-2000:]
         return re.search(r"UUID:\s*([0-9a-f-]{36})", out.stdout).group(1)
+
+    def start_server(self) -> subprocess.Popen:
+        proc = self.start(str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
+                          self.api.split(":")[-1][:-4])
+        self.server = proc
+        wait_healthy(self.api)
+        return proc
+
+    def trial_flow_runs(self, engine, run_id: int) -> list:
+        """The trial flow runs dispatched for a run (found by the tag the sweep flow gives them), oldest first."""
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        from flows.dispatch import run_tag
+
+        with temporary_settings({PREFECT_API_URL: self.api}), get_client(sync_client=True) as client:
+            found = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                tags=FlowRunFilterTags(all_=[run_tag(engine)(run_id)])))
+        return sorted(found, key=lambda fr: fr.created)
 
     def flow_run(self, flow_run_id: str):
         from prefect.client.orchestration import get_client
@@ -146,6 +172,9 @@ def cluster(tmp_path_factory):
         _spec("resume", {"wall_clock": 24}, "lab", [{"d_model": [32]}]),
         _spec("cancel", {"wall_clock": 600}, "lab", [{"d_model": [32, 48]}]),
         _spec("nobody", {"steps": 5}, "idle", [{"d_model": [32, 48]}]),
+        _spec("outage", {"wall_clock": 20}, "lab", [{"d_model": [32, 48, 64]}]),
+        {**{k: v for k, v in _spec("zombie", {"wall_clock": 600}, "lab", []).items() if k != "grid"},
+         "search": {"parameters": {"lr": {"type": "float", "low": 1e-4, "high": 1e-3, "log": True}}, "n_trials": 1}},
         _spec("hub", {"steps": 5}, "lab", [{"d_model": [32]}],
               dataset={"source": "roneneldan/TinyStories", "eval": {"split": "validation"}}),
     ]
@@ -153,8 +182,7 @@ def cluster(tmp_path_factory):
         (sweeps / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     c = Cluster(tmp)
     try:
-        c.start(str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", c.api.split(":")[-1][:-4])
-        wait_healthy(c.api)
+        c.start_server()
         deployed = c.run(str(BIN / "ablate"), "deploy", "--sweeps", str(sweeps), "--db", c.url, "--artifacts",
                          str(tmp / "art"), "--slots", "lab=2", timeout=180)
         assert deployed.returncode == 0, deployed.stderr[-3000:]
@@ -207,6 +235,10 @@ def test_a_machine_that_dies_mid_trial_loses_its_run_to_the_other_worker_which_r
           "s after the kill")
     assert state.is_completed(), state
     assert done.status == "completed" and done.attempts == 2, (done.status, done.error)
+    # the run dispatched again was scheduled ahead of every trial the sweep dispatched first (workers take the
+    # earliest scheduled flow run): it does not queue behind the whole sweep
+    first, again = cluster.trial_flow_runs(engine, done.id)
+    assert again.expected_start_time < first.expected_start_time, (first.expected_start_time, again.expected_start_time)
     survivor = next(w for w in cluster.workers if w is not victim)
     assert survivor.poll() is None
     with engine.connect() as conn:
@@ -233,6 +265,9 @@ def test_an_offline_hub_dataset_fails_the_sweep_before_any_trial_with_one_messag
     print(f"timings: offline hub sweep failed in {took:.1f} s (exit {out.returncode})")
     assert out.returncode != 0, out.stdout[-2000:]
     assert "Failed" in out.stdout + out.stderr
+    # the reason is in what --watch prints, not only in the flow run's logs
+    assert "cannot load 'roneneldan/TinyStories' from the HuggingFace hub" in " ".join(out.stdout.split()), \
+        out.stdout[-3000:]
     flow_run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out.stdout).group(1)
     logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
     assert "cannot load 'roneneldan/TinyStories' from the HuggingFace hub (HF_HUB_OFFLINE is set" in logs, logs[-2000:]
@@ -290,3 +325,65 @@ def test_cancelling_a_sweep_flow_run_leaves_no_trainer_running_within_30_s(clust
         assert time.monotonic() < deadline, statuses
         time.sleep(1)
     print(f"timings: both trainers gone {gone:.1f} s after `prefect flow-run cancel`")
+
+
+def test_a_prefect_server_restart_mid_sweep_is_ridden_out_and_nothing_is_trained_twice(cluster):
+    """The server is down longer than Prefect's own client retries (5, about a minute): the sweep flow rides it
+    out, trials that ended meanwhile are read from the DB, the waiting one runs after; a second run of the
+    deployment trains nothing again."""
+    flow_run_id = cluster.deployment_run("sweep/outage")
+    engine = db.connect(cluster.url)
+
+    def rows():
+        with engine.connect() as conn:
+            return conn.execute(sa.select(db.Run.id, db.Run.status, db.Run.attempts, db.Run.last_step).join(db.Sweep)
+                                .where(db.Sweep.name == "outage").order_by(db.Run.id)).all()
+
+    deadline = time.monotonic() + 240
+    while sum(r.status == "running" and (r.last_step or 0) > 0 for r in rows()) < 2:
+        assert time.monotonic() < deadline, rows()
+        time.sleep(0.5)
+    _kill_tree(cluster.server.pid, signal.SIGKILL)
+    cluster.server.wait()
+    down = time.monotonic()
+    time.sleep(75)
+    cluster.start_server()
+    print(f"timings: Prefect server down {time.monotonic() - down:.0f} s")
+    deadline = time.monotonic() + 400
+    while not (state := cluster.flow_run(flow_run_id).state).is_final():
+        assert time.monotonic() < deadline, (state, rows())
+        time.sleep(2)
+    logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
+    assert state.is_completed(), (state, logs[-3000:])
+    assert "the Prefect API is unreachable" in logs, logs[-3000:]
+    final = rows()
+    assert [(r.status, r.attempts) for r in final] == [("completed", 1)] * 3, final
+    again = cluster.run(str(BIN / "prefect"), "deployment", "run", "sweep/outage", "--watch", "--watch-timeout",
+                        "300", timeout=360)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert [(r.status, r.attempts) for r in rows()] == [("completed", 1)] * 3  # nothing trained again
+
+
+def test_a_search_flow_run_on_a_dead_machine_is_marked_crashed(cluster):
+    """Search flow runs have no sweep flow watching them: the automation `ablate deploy` makes marks one whose
+    heartbeats stopped Crashed (freeing its pool slot); its trial resumes with the next search flow run."""
+    flow_run_id = cluster.deployment_run("search/zombie")
+    engine = db.connect(cluster.url)
+    deadline = time.monotonic() + 240
+    while True:
+        with engine.connect() as conn:
+            row = conn.execute(sa.select(db.Run).join(db.Sweep).where(db.Sweep.name == "zombie")).first()
+        if row is not None and row.status == "running" and row.pid and (row.last_step or 0) > 0:
+            break
+        assert time.monotonic() < deadline, row
+        time.sleep(1)
+    victim = next(w for w in cluster.workers if row.pid in _tree(w.pid))
+    _kill_tree(victim.pid, signal.SIGKILL)  # the machine dies with the search flow run on it
+    killed = time.monotonic()
+    deadline = killed + 300
+    while not (state := cluster.flow_run(flow_run_id).state).is_final():
+        assert time.monotonic() < deadline, f"the search flow run is still {state.name} {time.monotonic() - killed:.0f} s after its machine died"
+        time.sleep(2)
+    print(f"timings: search flow run {state.name} {time.monotonic() - killed:.0f} s after its machine died")
+    assert state.is_crashed() and "no heartbeat" in (state.message or ""), state
+    cluster.workers[cluster.workers.index(victim)] = cluster.start(str(BIN / "ablate"), "worker", "--pool", "lab")

@@ -16,7 +16,8 @@ import yaml
 from ablate.cli import build_parser
 
 REPO = Path(__file__).resolve().parent.parent
-SECRETS = {"ABLATE_PG_PASSWORD": "s3cret-app", "ABLATE_PG_ADMIN_PASSWORD": "s3cret-admin"}
+SECRETS = {"ABLATE_PG_PASSWORD": "s3cret-app", "ABLATE_PG_ADMIN_PASSWORD": "s3cret-admin",
+           "ABLATE_PG_READ_PASSWORD": "s3cret-read"}
 
 
 def _compose() -> dict:
@@ -38,13 +39,16 @@ def test_no_service_connects_to_postgres_as_the_superuser():
     assert superuser == "postgres" and urls
     for url in urls:
         user = re.match(r"postgresql(\+\w+)?://([^:@/]+)", url).group(2)
-        assert user == "ablate" != superuser, url
+        assert user in ("ablate", "ablate_reader") and user != superuser, url
+    # `ablate sql` reads with its own login, which can only read (ablate/readlogin.py)
+    assert _compose()["x-ablate-env"]["ABLATE_READ_URL"].startswith(
+        "postgresql+psycopg://ablate_reader:${ABLATE_PG_READ_PASSWORD:?")
 
 
 def test_no_credential_has_a_default_and_nothing_listens_beyond_the_bind_address():
     for value in _env_values():
         for password in re.findall(r"://[^:@/]+:([^@]+)@", value):
-            assert password.startswith("${ABLATE_PG_PASSWORD:?"), value  # required, no fallback
+            assert password.startswith(("${ABLATE_PG_PASSWORD:?", "${ABLATE_PG_READ_PASSWORD:?")), value  # required
     assert _services()["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${ABLATE_PG_ADMIN_PASSWORD")
     for name, svc in _services().items():
         for port in svc.get("ports", []):
@@ -56,11 +60,14 @@ def test_postgres_init_takes_the_password_from_the_environment_and_makes_plain_r
     sql = " ".join(line.split("--")[0] for line in script.splitlines()).upper()
     assert re.search(r"CREATE ROLE ABLATE LOGIN PASSWORD :'PW' NOSUPERUSER\b", sql)
     assert not re.search(r"(?<!NO)SUPERUSER", sql), "ablate must not be a superuser"
-    assert re.search(r"CREATE ROLE ABLATE_READER NOLOGIN\s*;", sql)
+    assert re.search(r"CREATE ROLE ABLATE_READER LOGIN PASSWORD :'RPW' NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                     r"NOREPLICATION\s*;", sql)  # `ablate sql`'s own login, a member of no other role
+    assert not re.search(r"GRANT \w+ TO ABLATE_READER", sql)
     assert "GRANT ABLATE_READER TO ABLATE;" in sql  # so migration 0005 grants it SELECT and `ablate sql` may SET ROLE
     assert "CREATE DATABASE ABLATE OWNER ABLATE;" in sql and "CREATE DATABASE PREFECT OWNER ABLATE;" in sql
     shell = (REPO / "docker" / "postgres-init.sh").read_text()
     assert '${ABLATE_PG_PASSWORD:?' in shell and '-v pw="$ABLATE_PG_PASSWORD"' in shell
+    assert '${ABLATE_PG_READ_PASSWORD:?' in shell and '-v rpw="$ABLATE_PG_READ_PASSWORD"' in shell
     assert os.access(REPO / "docker" / "postgres-init.sh", os.X_OK)
     mounts = _services()["postgres"]["volumes"]
     assert "./docker/postgres-init.sh:/docker-entrypoint-initdb.d/10-roles.sh:ro" in mounts
@@ -78,6 +85,8 @@ def test_every_service_of_the_image_can_build_it_on_its_own_machine():
 
 def test_start_order_waits_for_health_and_the_one_shot_deployer():
     services = _services()
+    server = services["prefect-server"]["environment"]  # logs reach `prefect deployment run --watch`
+    assert server["PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED"] == server["PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED"] == "true"
     assert "healthcheck" in services["prefect-server"] and "/api/health" in str(services["prefect-server"]["healthcheck"])
     assert services["deployer"]["depends_on"]["prefect-server"] == {"condition": "service_healthy"}
     assert services["deployer"]["restart"] == "no"
@@ -133,6 +142,11 @@ def test_docker_compose_config_accepts_the_file_and_refuses_it_without_a_passwor
     assert ok.returncode == 0, ok.stderr
     resolved = yaml.safe_load(ok.stdout)
     assert "s3cret-app" in resolved["services"]["deployer"]["environment"]["ABLATE_DB_URL"]
+    assert "ablate_reader:s3cret-read@" in resolved["services"]["deployer"]["environment"]["ABLATE_READ_URL"]
+    no_read = {k: v for k, v in env.items() if k != "ABLATE_PG_READ_PASSWORD"}
+    refused = subprocess.run(["docker-compose", "config"], cwd=REPO, env=no_read, capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode != 0 and "set ABLATE_PG_READ_PASSWORD" in refused.stderr
     env.pop("ABLATE_PG_PASSWORD")
     refused = subprocess.run(["docker-compose", "config"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "set ABLATE_PG_PASSWORD" in refused.stderr

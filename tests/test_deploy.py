@@ -7,7 +7,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import sqlalchemy as sa
 import yaml
 
 from ablate import db
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -28,15 +28,14 @@ def free_port() -> int:
 
 
 def wait_healthy(url: str, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    def healthy() -> bool:
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
+                return r.status == 200
         except OSError:
-            time.sleep(0.5)
-    raise AssertionError(f"Prefect server at {url} did not become healthy in {timeout}s")
+            return False
+
+    wait_until(healthy, timeout, f"Prefect server at {url} did not become healthy", every=0.5)
 
 
 @pytest.mark.slow
@@ -73,6 +72,13 @@ def test_prefect_deployment_run_sweep_smoke_with_a_local_server_and_workers(tmp_
         assert deployed.returncode == 0, deployed.stderr[-3000:]
         assert "sweep/smoke" in deployed.stdout and "trial/cpu" in deployed.stdout
         assert "trial/h100" in deployed.stdout  # --pool: a pool no sweep file names, for hardware overrides
+        # one line per deployment, not Prefect's table and notices for each
+        lines = deployed.stdout.strip().splitlines()
+        made = [line for line in lines if line.startswith("deployed ")]
+        assert lines[0].startswith("automation 'ablate: crash flow runs whose machine died'"), deployed.stdout
+        assert lines[1:] == [*made, f"registered {len(made)} deployments", "start workers with: prefect worker start "
+                             "--pool sweeps  and  prefect worker start --pool HARDWARE"], deployed.stdout
+        assert "Successfully created" not in deployed.stdout + deployed.stderr
         start(str(BIN / "prefect"), "worker", "start", "--pool", "sweeps")
         start(str(BIN / "prefect"), "worker", "start", "--pool", "cpu")
         result = subprocess.run([str(BIN / "prefect"), "deployment", "run", "sweep/smoke", "--watch",

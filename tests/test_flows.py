@@ -40,6 +40,22 @@ def smoke_spec(tmp_path: Path, **budget) -> Path:
     return path
 
 
+def flow_run_logs(flow_run_id, until: str, timeout: float = 30) -> list[str]:
+    """The flow run's log messages, once one containing `until` has reached the API (logs are sent in batches)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with get_client(sync_client=True) as client:
+            logs = [log.message for log in client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)]
+        if any(until in m for m in logs) or time.monotonic() > deadline:
+            assert any(until in m for m in logs), logs[:20]
+            return logs
+        time.sleep(0.5)
+
+
 def statuses(url: str) -> dict[int, str]:
     with db.connect(url).connect() as conn:
         return dict(conn.execute(sa.select(db.Run.id, db.Run.status)).all())
@@ -65,9 +81,14 @@ def test_smoke_sweep_end_to_end_then_only_what_is_owed(prefect_harness, tmp_path
     url = f"sqlite:///{tmp_path / 'r.db'}"
     spec = smoke_spec(tmp_path)
     art = str(tmp_path / "art")
-    result = sweep(spec=str(spec), db_url=url, artifacts=art)
+    state = sweep(spec=str(spec), db_url=url, artifacts=art, return_state=True)
+    result = state.result()
     assert len(result) == 4 and set(result.values()) == {"completed"}
     assert len(forked) == 4  # local trials share this process's helper
+    # the sweep's Prefect log says what it built, without the bytecode that `datasets`' function hashing (dill's
+    # global-name scan) prints while it builds the token cache
+    logs = flow_run_logs(state.state_details.flow_run_id, until="data 1/1")
+    assert not [m for m in logs if "LOAD_GLOBAL" in m or "RETURN_VALUE" in m or "Disassembly of" in m], logs[:20]
     assert set(statuses(url).values()) == {"completed"}
     for rid in result:
         assert metric_count(url, rid) >= 3

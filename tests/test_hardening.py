@@ -26,8 +26,10 @@ from ablate import db, runner
 from ablate.errors import AblateError
 from ablate.train import Settings, train
 from test_train import make_trial, metric_rows, registered
+from tests.waiting import patience
 
 REPO = Path(__file__).resolve().parent.parent
+SMOKE = REPO / "sweeps" / "smoke.yaml"
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -53,7 +55,8 @@ def grid_spec(tmp_path: Path, name: str = "claims", d_models=(32, 48, 64), steps
 
 def cli_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "ABLATE_DB_URL"}
-    return {**env, "PYTHONPATH": str(REPO), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", **extra}
+    return {**env, "PYTHONPATH": str(REPO), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(int(patience(120))),
+            **extra}
 
 
 def at_once(fn, n: int) -> tuple[list, list[Exception]]:
@@ -271,13 +274,46 @@ def test_ctrl_c_stops_the_sweep_cleanly_and_says_how_to_resume(tmp_path):
     assert Path(preempted.checkpoint_path).exists() and preempted.steps > 0
 
 
-def test_a_checkpoint_that_cannot_be_written_fails_the_run_cleanly(tmp_path):
-    """A real write failure (a file-size limit on the trainer, EFBIG like ENOSPC): a message, no partial
-    checkpoint, no run left `running`."""
+def _running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_run_leaves_no_prefect_server_behind(tmp_path):
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    cli = subprocess.Popen([sys.executable, "-m", "ablate.cli", "sweep", "run", str(SMOKE), "--db", url, "--artifacts",
+                            str(tmp_path / "art"), "--threads", "1"], env=cli_env(ABLATE_HEARTBEAT_SECONDS="1"),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    server = None
+    try:
+        deadline = time.monotonic() + 240
+        while server is None and time.monotonic() < deadline and cli.poll() is None:
+            time.sleep(0.5)
+            server = next((p for p in _children(cli.pid) if b"prefect.server.api.server" in
+                           Path(f"/proc/{p}/cmdline").read_bytes()), None) if Path(f"/proc/{cli.pid}").exists() else None
+        assert server is not None, "no local Prefect server started"
+        cli.kill()  # SIGKILL: no atexit, no signal handler
+        cli.wait()
+        deadline = time.monotonic() + 30
+        while _running(server) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _running(server), "the local Prefect server outlived its killed `ablate sweep run`"
+    finally:
+        cli.kill()
+        if server is not None and _running(server):
+            os.kill(server, signal.SIGKILL)
+
+
+def _train_under_a_file_size_limit(tmp_path, budget: dict, *args: str):
+    """A real write failure (a file-size limit on the trainer, EFBIG like ENOSPC) for a run's checkpoints."""
     from ablate.data import prepare
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    trial = make_trial(d_model=128, budget={"steps": 5})  # a checkpoint of several MB
+    trial = make_trial(d_model=128, budget=budget)  # a checkpoint of several MB
     run_id = registered(url, trial)
     art = tmp_path / "art"
     prepare(trial.dataset, trial.tokenizer, trial.context, art, progress=False)  # caches written before the limit
@@ -287,12 +323,27 @@ def test_a_checkpoint_that_cannot_be_written_fails_the_run_cleanly(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
     proc = subprocess.run([sys.executable, "-m", "ablate.train", "--run-id", str(run_id), "--artifacts", str(art),
-                           "--quiet", "--threads", "1"], env=cli_env(ABLATE_DB_URL=url), preexec_fn=limit,
+                           "--quiet", "--threads", "1", *args], env=cli_env(ABLATE_DB_URL=url), preexec_fn=limit,
                           capture_output=True, text=True, timeout=300)
+    return proc, db.get_run(db.connect(url), run_id), art
+
+
+def test_a_checkpoint_that_cannot_be_written_fails_the_run_cleanly(tmp_path):
+    """Mid-run: a message, no partial checkpoint, no run left `running`."""
+    proc, run, art = _train_under_a_file_size_limit(tmp_path, {"steps": 100_000}, "--checkpoint-every", "0.5")
     assert proc.returncode == 2, proc.stderr
     assert "cannot write checkpoint" in proc.stderr
-    run = db.get_run(db.connect(url), run_id)
-    assert run.status == "failed" and "cannot write checkpoint" in run.error
+    assert run.status == "failed" and "cannot write checkpoint" in run.error and run.steps < 100_000
+    assert not list(art.glob("runs/**/*.tmp"))
+
+
+def test_a_finished_run_whose_final_checkpoint_cannot_be_written_keeps_its_result(tmp_path):
+    """Training and the final eval are done and recorded: the run is not failed and trained again for a file."""
+    proc, run, art = _train_under_a_file_size_limit(tmp_path, {"steps": 5})
+    assert proc.returncode == 0, proc.stderr
+    assert "final checkpoint was not written" in proc.stderr and "cannot write checkpoint" in proc.stderr
+    assert run.status == "completed" and run.steps == 5 and run.final_eval_loss is not None, (run.status, run.error)
+    assert run.notes["final_checkpoint"].startswith("not written: cannot write checkpoint")
     assert not list(art.glob("runs/**/*.tmp"))
 
 

@@ -88,11 +88,47 @@ def test_a_search_spec_without_grid_still_plans_its_one_base_trial():
 
 # ---------------------------------------------------------------- 3. integers the runs table cannot hold
 
-@pytest.mark.parametrize("field,value", [("d_model", 2**31), ("seed", 2**31), ("batch_size", 10**20), ("context", 2**40),
-                                         ("grad_accum", 2**31), ("layers", 2**31)])
-def test_integers_beyond_32_bits_are_refused_naming_the_field(tmp_path, field, value):
+@pytest.mark.parametrize("field,value,limit", [
+    ("d_model", 2**31, "2147483647"), ("seed", 2**31, "2147483647"), ("layers", 2**31, "2147483647"),
+    # these have tighter limits of their own (below): the message gives that limit
+    ("batch_size", 10**20, "65536"), ("context", 2**40, "1048576"), ("grad_accum", 2**31, "65536")])
+def test_integers_beyond_32_bits_are_refused_naming_the_field(tmp_path, field, value, limit):
     block = {"architecture": "mixer", "d_model": 32, field: value}
-    refused(write(tmp_path, spec_with(grid=[block])), f"grid[0].{field}", "32-bit", "2147483647")
+    refused(write(tmp_path, spec_with(grid=[block])), f"grid[0].{field}", limit)
+
+
+@pytest.mark.parametrize("change,needles", [
+    ({"context": 1_000_000_000}, ["defaults.context", "less than or equal to 1048576"]),
+    ({"batch_size": 100_000_000}, ["defaults.batch_size", "less than or equal to 65536"]),
+    ({"batch_size": 1000, "context": 100_000}, ["100,000,000 tokens per micro-batch", "16,777,216", "lower batch_size"]),
+])
+def test_sizes_no_machine_can_hold_are_refused_in_plan_with_the_limit(tmp_path, change, needles):
+    data = spec_with(defaults={**BASE["defaults"], **change})
+    refused(write(tmp_path, data), *needles)
+
+
+def test_the_largest_allowed_sizes_still_plan(tmp_path):
+    data = spec_with(defaults={**BASE["defaults"], "context": 1 << 20, "batch_size": 16})
+    _, trials = load_trials(write(tmp_path, data))
+    assert trials[0].context == 1 << 20
+
+
+@pytest.mark.parametrize("make", ["device", "fifo", "glob"])
+def test_a_source_that_is_not_a_regular_file_is_refused_in_plan(tmp_path, make):
+    if make == "device":
+        source = "/dev/zero"
+    elif make == "fifo":
+        source = str(tmp_path / "pipe.txt")
+        os.mkfifo(source)
+    else:  # a pattern matching a FIFO among regular files
+        (tmp_path / "a.txt").write_text("one story\n")
+        os.mkfifo(tmp_path / "b.txt")
+        source = str(tmp_path / "*.txt")
+    data = spec_with(dataset={"source": source, "eval": {"holdout": 1}})
+    t0 = time.monotonic()
+    message = refused(write(tmp_path, data), "dataset.source", "not a regular file")
+    assert time.monotonic() - t0 < 10  # refused without reading it
+    assert "/dev/zero" in message or "pipe.txt" in message or "b.txt" in message
 
 
 def test_the_largest_32_bit_seed_and_a_large_token_budget_are_fine(tmp_path):

@@ -246,6 +246,30 @@ def test_more_rows_than_the_limit_is_a_clear_error_and_zero_means_no_limit(regis
     assert len(json.loads(capsys.readouterr().out)) == 4
 
 
+def test_a_result_over_the_byte_cap_is_refused_quickly_with_the_limit(registered, capsys, monkeypatch):
+    # one huge value (made by the server), and many moderate ones adding up
+    huge = "SELECT length(zeroblob(900000000))" if not is_postgres(registered) else None
+    one = "SELECT zeroblob(900000000)" if not is_postgres(registered) else "SELECT repeat('x', 300000000)"
+    many = ("SELECT hex(zeroblob(600000)) FROM runs, runs AS b, runs AS c" if not is_postgres(registered) else
+            "SELECT repeat('x', 1000000) FROM generate_series(1, 100)")
+    for query in (one, many):
+        t0 = time.monotonic()
+        message = refused(registered, query, max_bytes=64 << 20)
+        assert message == ("the query's result is over the 64 MiB limit; select fewer or shorter values, or pass "
+                           "--max-bytes N (0: no limit)"), message
+        assert time.monotonic() - t0 < 20, query
+    if huge:  # a value made inside the query and never returned is capped too (SQLite's own length limit)
+        assert "64 MiB" in refused(registered, huge, max_bytes=64 << 20)
+    assert results.read_only_query("SELECT 'abc'", registered, max_bytes=3)[1] == [("abc",)]
+    assert "over the 3-byte limit" in refused(registered, "SELECT 'abcd'", max_bytes=3)
+    monkeypatch.setenv("ABLATE_SQL_MAX_BYTES", "10")  # the environment sets the default; the flag beats it
+    capsys.readouterr()
+    assert main(["sql", "SELECT 'more than ten bytes'", "--db", registered]) == 2
+    assert "--max-bytes" in capsys.readouterr().err
+    assert main(["sql", "SELECT 'more than ten bytes'", "--max-bytes", "0", "--format", "csv", "--db", registered]) == 0
+    assert "more than ten bytes" in capsys.readouterr().out
+
+
 def test_bad_limits_say_where_they_came_from(registered, capsys, monkeypatch):
     monkeypatch.setenv("ABLATE_SQL_TIMEOUT", "soon")
     assert main(["sql", "SELECT 1", "--db", registered]) == 2
@@ -259,6 +283,23 @@ def test_bad_limits_say_where_they_came_from(registered, capsys, monkeypatch):
 
 
 # ---------------------------------------------------------------- reading never writes
+
+
+@pytest.mark.parametrize("name", ["a#b.db", "a?b.db", "x%41.db", "sp ace#?.db"])
+def test_a_sqlite_path_with_url_characters_is_the_file_every_command_opens(tmp_path, capsys, name):
+    folder = tmp_path / "runs#1?v=2"
+    folder.mkdir()
+    path = folder / name
+    spec, trials = load_trials(SMOKE)
+    db.register_sweep(db.connect(str(path)), spec, trials)  # a bare path, as --db takes it
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file() and p.suffix == ".db") == [name]
+    for url in (str(path), sa.URL.create("sqlite", database=str(path)).render_as_string()):  # a path; its URL
+        capsys.readouterr()
+        assert main(["sql", "SELECT count(*) AS n FROM runs", "--format", "csv", "--db", url]) == 0
+        assert capsys.readouterr().out.split() == ["n", "4"], url
+        assert main(["sweep", "status", "smoke", "--format", "csv", "--db", url]) == 0
+        assert len(capsys.readouterr().out.splitlines()) == 5
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file() and p.suffix == ".db") == [name]  # no other file
 
 
 def test_no_database_is_a_clear_error_and_creates_nothing(tmp_path, capsys):
@@ -339,3 +380,96 @@ def test_the_cli_exits_2_with_the_refusal_and_no_traceback(registered, capsys):
 def test_passwords_in_error_text_are_redacted(registered):
     message = refused(registered, 'SELECT * FROM "postgresql://someone:s3cret@example.org/db"')
     assert "s3cret" not in message and "someone:***@example.org" in message
+
+
+# ---------------------------------------------------------------- a login that can only read (PostgreSQL)
+
+
+@pytest.fixture
+def compose_like(postgres_url, monkeypatch):
+    """docker-compose.yml's setup on the real server: an ordinary writer login that owns its database and belongs
+    to ablate_reader, no superuser anywhere in ablate's URLs; (writer URL, reader URL, admin engine)."""
+    from tests.conftest import PG_ADMIN_URL
+
+    tag = uuid.uuid4().hex[:8]
+    writer, name = f"ablate_writer_{tag}", f"ablate_compose_{tag}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE ROLE {writer} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
+        conn.exec_driver_sql(f"CREATE DATABASE {name} OWNER {writer}")
+        conn.exec_driver_sql("DO $$ BEGIN CREATE ROLE ablate_reader NOLOGIN; EXCEPTION WHEN duplicate_object THEN "
+                             "NULL; END $$")
+        conn.exec_driver_sql(f"GRANT ablate_reader TO {writer}")
+    base = sa.make_url(PG_ADMIN_URL)
+    writer_url = base.set(username=writer, password=None, database=name).render_as_string(hide_password=False)
+    reader_url = base.set(username="ablate_reader", password=None, database=name).render_as_string(hide_password=False)
+    monkeypatch.delenv("ABLATE_READ_URL", raising=False)
+    try:
+        yield writer_url, reader_url, admin
+    finally:
+        from ablate import readlogin
+
+        readlogin._checked.cache_clear()
+        for engine in list(db._READERS.values()):
+            engine.dispose()
+        db._READERS.clear()
+        with admin.connect() as conn:
+            conn.exec_driver_sql("ALTER ROLE ablate_reader NOLOGIN")
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            conn.exec_driver_sql(f"DROP OWNED BY {writer}")
+            conn.exec_driver_sql(f"DROP ROLE IF EXISTS {writer}")
+
+
+def test_with_its_own_read_login_ablate_sql_cannot_become_the_writer_even_past_the_guard(compose_like, monkeypatch,
+                                                                                        capsys):
+    writer_url, reader_url, admin = compose_like
+    spec, trials = load_trials(SMOKE)
+    db.register_sweep(db.connect(writer_url), spec, trials)
+    writer = db.connect(writer_url)
+    before = snapshot(writer_url)
+    # `ablate db upgrade` with ABLATE_READ_URL: the writer may not make roles, so it prints the SQL for the admin
+    monkeypatch.setenv("ABLATE_READ_URL", reader_url)
+    capsys.readouterr()
+    assert main(["db", "upgrade", "--db", writer_url]) == 0
+    said = capsys.readouterr().out
+    assert "an administrator runs: ALTER ROLE ablate_reader LOGIN" in said, said
+    with admin.connect() as conn:
+        conn.exec_driver_sql("ALTER ROLE ablate_reader LOGIN")
+    assert results.read_only_query("SELECT current_user, session_user, count(*) FROM runs GROUP BY 1, 2",
+                                   writer_url)[1] == [("ablate_reader", "ablate_reader", 4)]
+    # the escape: SQL the guard cannot see (here the guard is switched off) tries to return to the writer's role
+    # and end the writer's sessions; the login has no role above it
+    monkeypatch.setattr(sqlguard, "check", lambda query, dialect: query)
+    with writer.connect() as victim:
+        pid = victim.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        name = sa.make_url(writer_url).username
+        for attack in (f"SELECT set_config('role', '{name}', true)",
+                       f"SELECT pg_terminate_backend({pid})",
+                       f"SELECT query_to_xml('SELECT set_config(''role'', ''{name}'', true)', true, false, '')"):
+            message = refused(writer_url, attack)
+            assert "permission denied" in message or "refused" in message or "not permitted" in message, message
+        assert victim.exec_driver_sql("SELECT 1").scalar() == 1  # the writer's session survived
+    assert snapshot(writer_url) == before
+    # the CLI says nothing about logins when it has the read-only one, and names the fix when it has not
+    monkeypatch.undo()
+    monkeypatch.setenv("ABLATE_READ_URL", reader_url)
+    capsys.readouterr()
+    assert main(["sql", "SELECT count(*) AS n FROM runs", "--format", "csv", "--db", writer_url]) == 0
+    assert "note:" not in capsys.readouterr().err
+    monkeypatch.delenv("ABLATE_READ_URL")
+    assert main(["sql", "SELECT count(*) AS n FROM runs", "--format", "csv", "--db", writer_url]) == 0
+    assert "set ABLATE_READ_URL" in capsys.readouterr().err
+
+
+def test_a_read_url_that_can_write_or_opens_another_database_is_refused(compose_like, monkeypatch):
+    from ablate import readlogin
+
+    writer_url, reader_url, _ = compose_like
+    spec, trials = load_trials(SMOKE)
+    db.register_sweep(db.connect(writer_url), spec, trials)
+    monkeypatch.setenv("ABLATE_READ_URL", writer_url)  # the writer's own login given as the reader
+    message = refused(writer_url, "SELECT 1")
+    assert "is not a read-only login" in message and "it can write the runs table" in message, message
+    readlogin._checked.cache_clear()
+    monkeypatch.setenv("ABLATE_READ_URL", sa.make_url(reader_url).set(database="postgres").render_as_string(False))
+    assert "point both at the same database" in refused(writer_url, "SELECT 1")

@@ -22,6 +22,7 @@ from ablate.cli import main
 from ablate.errors import AblateError, SpecError
 from ablate.overrides import apply_overrides
 from tests.test_train import make_trial, registered
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "sweeps" / "smoke.yaml"
@@ -29,11 +30,7 @@ FAST = {"ABLATE_HEARTBEAT_SECONDS": "1", "OMP_NUM_THREADS": "1"}
 
 
 def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
-    return value
+    return wait_until(predicate, timeout, what)
 
 
 def _training(engine, rid: int):
@@ -54,6 +51,7 @@ def test_a_cancel_written_by_another_host_stops_the_trainer_at_its_next_heartbea
     t.join(60)
     took = time.monotonic() - t0
     run = db.get_run(engine, rid)
+    print(f"timings: a trainer in training stopped {took:.1f} s after a cancel written by another host")
     assert out["status"] == "cancelled" and run.status == "cancelled" and run.pid is None, (out, run.status)
     assert took < 15 and run.steps > 0 and Path(run.checkpoint_path).exists()  # it checkpointed first
 
@@ -110,6 +108,54 @@ def test_sigterm_during_warm_up_stops_the_trainer_at_once(sqlite_url, tmp_path):
     print(f"timings: trainer stopped {took:.1f} s after SIGTERM during compile warm-up")
     assert run.status == "preempted" and run.steps == 0 and run.train_seconds == 0.0, (run.status, log.read_text()[-2000:])
     assert took < 10
+
+
+# Library code in a trainer's start-up that swallows what the SIGTERM handler raises (torch.compile's tracer
+# did: a CI run's trainer went on compiling and started training after the signal); the watcher must end it.
+SWALLOWING_STARTUP = """
+import sys, time
+from ablate.stopping import StopSignal
+stop = StopSignal(grace=float(sys.argv[2]))
+stop.install(lambda: open(sys.argv[1], "w").write("recorded by the watcher"))
+ready = False
+while True:  # start-up work that catches everything, as compile code can
+    try:
+        if not ready:
+            print("ready", flush=True)
+            ready = True
+        time.sleep(0.05)
+    except BaseException:
+        pass
+"""
+
+
+def test_a_sigterm_that_start_up_code_swallows_still_ends_the_trainer_after_the_grace(tmp_path):
+    record = tmp_path / "record"
+    proc = subprocess.Popen([sys.executable, "-c", SWALLOWING_STARTUP, str(record), "1.5"], stdout=subprocess.PIPE,
+                            text=True, cwd=REPO)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert code == 128 + signal.SIGTERM and record.read_text() == "recorded by the watcher"
+    assert 1.4 <= took < 15, took  # the grace, then at once
+
+
+def test_a_sigterm_whose_handler_ran_late_stops_start_up_before_training_begins():
+    from ablate.stopping import Stopped, StopSignal
+
+    stop = StopSignal()
+    stop.flag = True  # the handler ran, but what it raised never reached the trainer's start-up code
+    with pytest.raises(Stopped):
+        stop.begin_training()
+    assert not stop.training
+    fresh = StopSignal()
+    fresh.begin_training()
+    assert fresh.training
 
 
 def test_checkpoints_come_every_tenth_of_the_run_between_30_s_and_10_min():
@@ -189,6 +235,23 @@ def test_sweep_run_checks_the_data_before_registering_anything(sqlite_url, tmp_p
     assert took < 60
 
 
+@pytest.mark.parametrize("content", ['{"text": "a story"}\n{"text": broken\n', '{"story": "no text field"}\n'])
+def test_a_data_file_that_does_not_parse_fails_with_one_message_and_leaves_nothing(sqlite_url, tmp_path, capsys,
+                                                                                     content):
+    (tmp_path / "bad.jsonl").write_text(content)
+    spec = yaml.safe_load(SMOKE.read_text())
+    spec["dataset"] = {"source": "./bad.jsonl", "eval": {"holdout": 1}}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    art = tmp_path / "art"
+    assert main(["sweep", "run", str(path), "--db", sqlite_url, "--artifacts", str(art)]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # (exit 2 above: no exception escaped)
+    assert last.startswith("error: dataset") and "bad.jsonl" in last, last
+    assert sorted(p.relative_to(art) for p in art.rglob("*")) == []  # no cache, tokenizer, lock or folder left
+    with db.connect(sqlite_url).connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(db.Sweep)).scalar() == 0
+
+
 def test_plan_warns_about_a_hub_dataset_it_cannot_load_offline(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert main(["plan", str(REPO / "sweeps" / "tinystories-widths.yaml")]) == 0
@@ -233,3 +296,79 @@ def test_status_says_when_a_running_row_is_stale(sqlite_url, capsys):
     assert main(["sweep", "status", "smoke", "--db", sqlite_url, "--format", "csv"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert rows[0]["reason"].startswith("stale: its trainer last beat 9") and rows[1]["reason"] == ""
+
+
+# A trainer that cannot act on SIGTERM (stuck in code that never returns to Python); it beats its heartbeat from
+# its Recorder as a real trainer does.
+STUCK_TRAINER = """
+import signal, sys, time
+from ablate.runstate import Recorder, Settings
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+Recorder(Settings(db_url=sys.argv[1], run_id=int(sys.argv[2]), claimant=sys.argv[3]), True)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_cancelled_trainer_that_does_not_stop_shows_cancelling_and_is_killed_after_its_grace(sqlite_url, capsys):
+    import csv
+    import io
+
+    spec, _, ids = runner.register(SMOKE, sqlite_url)
+    name, rid = spec.name, ids[0]
+    engine = db.connect(sqlite_url)
+    claimant = db.new_claimant()
+    assert db.claim_run(engine, rid, claimant)
+    env = {**os.environ, "ABLATE_HEARTBEAT_SECONDS": "0.5", "ABLATE_CANCEL_GRACE_SECONDS": "4"}
+    proc = subprocess.Popen([sys.executable, "-c", STUCK_TRAINER, sqlite_url, str(rid), claimant], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        db.update_run(engine, rid, claimant=claimant, pid=proc.pid)
+        t0 = time.monotonic()
+        waiting, stopping, left = runner.cancel(engine, name, wait=1.0)
+        assert stopping == 1 and left == 1  # SIGTERM sent (from this host) but the trainer is still there
+        capsys.readouterr()
+        assert main(["sweep", "status", name, "--db", sqlite_url, "--format", "csv"]) == 0
+        row = next(r for r in csv.DictReader(io.StringIO(capsys.readouterr().out)) if r["run"] == str(rid))
+        assert row["status"] == "cancelled" and row["reason"].startswith("cancelling: trainer still running"), row
+        code = proc.wait(60)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert code == -signal.SIGKILL and 3.5 <= took < 30, (code, took)
+    assert "killed" in proc.stdout.read()
+    assert not db.trainer_running(db.get_run(engine, rid))  # its pid is gone: `sweep status` stops saying so
+
+
+def test_waits_scale_with_the_load_and_a_timeout_says_the_machine_was_busy():
+    from tests import waiting
+
+    assert waiting.scale(load=0.5, cores=2, setting="") == 1.0  # idle: as written
+    assert waiting.scale(load=20.0, cores=2, setting="") == 10.0  # load 10 per core: ten times longer
+    assert waiting.scale(load=20.0, cores=2, setting="3") == 30.0  # and the user's factor on top
+    with pytest.raises(ValueError, match="ABLATE_TEST_TIME_SCALE='x' is not a number"):
+        waiting.scale(setting="x")
+    said = waiting.busy("no claim", 130.4, load=(24.5, 30.1, 12.0), cores=2)
+    assert said == ("no claim (after 130 s; load average 24.5, 30.1 over 5 min, on 2 cores: the machine was busy, which "
+                    "may be all that is wrong; ABLATE_TEST_TIME_SCALE=N waits N times longer)")
+    assert "busy" not in waiting.busy("no claim", 3, load=(0.2, 0.3, 0.1), cores=2)
+    with pytest.raises(AssertionError, match=r"never true \(after 0 s; load average"):
+        waiting.wait_until(lambda: False, 0.3, "never true", every=0.05)
+    assert waiting.wait_until(lambda: 42, 0.1, "at once") == 42
+
+
+def test_a_sweep_whose_token_caches_are_built_checks_them_without_importing_torch(tmp_path):
+    from ablate.spec import load_trials
+
+    spec = yaml.safe_load(SMOKE.read_text())
+    spec["dataset"], spec["tokenizer"] = {"source": "ablate:tinystories-sample", "eval": {"holdout": 24}}, {"vocab_size": 320}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    art = tmp_path / "art"
+    runner.prepare_data(load_trials(path)[1], art, progress=False)  # built here (this process has torch anyway)
+    probe = ("import sys; from pathlib import Path; from ablate import runner; from ablate.spec import load_trials; "
+             f"said = []; runner.prepare_data(load_trials({str(path)!r})[1], Path({str(art)!r}), say=said.append); "
+             "print(said, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.stdout.strip().endswith("cached'] False"), out.stdout + out.stderr[-2000:]

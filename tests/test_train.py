@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sqlalchemy as sa
+import torch
 
 from ablate import db
 from ablate.budget import lr_at
@@ -179,6 +180,7 @@ def test_a_run_killed_midway_resumes_the_same_trajectory_without_duplicate_metri
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert db.get_run(db.connect(url_b), run_b).status == "running"  # never finished; its claimant is dead
+    first = torch.load(ckpt, weights_only=True)["progress"]["meters"]
     subprocess.run(_train_cmd(url_b, run_b, tmp_path / "art-b", 1.0), check=True, timeout=300)
     a, b = metric_rows(url_a, run_a), metric_rows(url_b, run_b)
     assert [(r.split, r.step) for r in a] == [(r.split, r.step) for r in b]
@@ -188,6 +190,8 @@ def test_a_run_killed_midway_resumes_the_same_trajectory_without_duplicate_metri
     final_b = db.get_run(db.connect(url_b), run_b)
     assert final_b.status == "completed" and final_b.steps == final_a.steps == steps
     assert final_b.startup_seconds >= 0  # this attempt's own start-up, not minus the first attempt's warm-up
+    # the resumed attempt warmed up too (its first steps' compile and allocation are start-up, not training time)
+    assert final_b.notes["meters"]["warmup"] > first["warmup"] > 0, (first, final_b.notes["meters"])
     assert final_b.last_step == final_a.last_step and final_b.last_train_loss == pytest.approx(final_a.last_train_loss,
                                                                                               rel=2e-3)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -122,3 +123,15 @@ def test_a_helper_that_does_not_answer_is_stopped_and_the_trainer_starts_cold(tm
 @pytest.fixture(autouse=True)
 def _warm_on(monkeypatch):
     monkeypatch.delenv("ABLATE_WARM_TRAINER", raising=False)
+
+
+def test_the_helper_holds_what_llama_and_gpt_trainers_import_in_build():
+    """transformers' model modules are imported inside the families' build(): the helper preloads them, so a
+    forked Llama or GPT trainer does not import them again (a cold process is the reference)."""
+    probe = ("import sys; from ablate import warm; before = set(sys.modules); warm._preload(); "
+             "print(sorted(m for m in ('transformers.models.llama.modeling_llama', "
+             "'transformers.models.gpt2.modeling_gpt2', 'transformers.models.openai.modeling_openai') "
+             "if m in sys.modules and m not in before))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip() == ("['transformers.models.gpt2.modeling_gpt2', 'transformers.models.llama.modeling_llama', "
+                                  "'transformers.models.openai.modeling_openai']"), out.stdout + out.stderr[-2000:]
