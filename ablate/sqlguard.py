@@ -44,6 +44,52 @@ DENIED_CALLS: tuple[tuple[frozenset[str], tuple[str, ...], str], ...] = (
 )
 
 
+# Functions `ablate sql` may call, by name (any schema): aggregates, window functions and pure functions of
+# values (numbers, text, dates, JSON, arrays) of PostgreSQL and SQLite. Anything else called is refused: a
+# function that takes SQL text (ts_stat, query_to_xml, ...) runs it where no guard can read it. What a query
+# reads is the reader login's to limit; this list only keeps a query from running code the guard cannot see.
+ALLOWED_CALLS = frozenset("""
+count sum avg min max total group_concat string_agg array_agg json_agg jsonb_agg json_object_agg jsonb_object_agg
+json_group_array json_group_object bool_and bool_or every bit_and bit_or bit_xor stddev stddev_pop stddev_samp
+variance var_pop var_samp corr covar_pop covar_samp regr_slope regr_intercept regr_r2 regr_count regr_avgx regr_avgy
+regr_sxx regr_syy regr_sxy percentile_cont percentile_disc mode any_value
+row_number rank dense_rank percent_rank cume_dist ntile lag lead first_value last_value nth_value
+coalesce nullif ifnull iif greatest least
+abs round floor ceil ceiling trunc exp ln log log10 log2 power pow sqrt cbrt sign mod div pi degrees radians
+sin cos tan asin acos atan atan2 sinh cosh tanh width_bucket random gcd lcm factorial scale min_scale trim_scale
+lower upper length char_length character_length octet_length bit_length substr substring replace trim ltrim rtrim
+btrim concat concat_ws instr position strpos split_part left right lpad rpad repeat reverse initcap format printf
+regexp_replace regexp_match regexp_matches regexp_like regexp_split_to_array regexp_split_to_table regexp_substr
+regexp_count regexp_instr starts_with translate ascii chr char unicode hex unhex md5 to_hex encode decode quote
+string_to_array array_to_string overlay like glob typeof pg_typeof zeroblob randomblob
+now date time datetime julianday unixepoch strftime timediff date_trunc date_part extract age to_char to_date
+to_timestamp to_number make_date make_time make_interval make_timestamp make_timestamptz justify_days
+justify_hours justify_interval clock_timestamp statement_timestamp transaction_timestamp date_bin isfinite timezone
+json jsonb json_extract json_array json_object json_type json_valid json_each json_tree json_array_length
+json_quote json_insert json_replace json_set json_remove json_patch jsonb_extract_path jsonb_extract_path_text
+json_extract_path json_extract_path_text jsonb_array_elements json_array_elements jsonb_array_elements_text
+json_array_elements_text jsonb_each json_each_text jsonb_each_text jsonb_object_keys json_object_keys
+jsonb_typeof json_typeof jsonb_array_length to_json to_jsonb jsonb_build_object json_build_object
+jsonb_build_array json_build_array jsonb_pretty jsonb_path_query jsonb_path_query_first jsonb_path_query_array
+jsonb_path_exists jsonb_path_match jsonb_strip_nulls json_strip_nulls jsonb_set jsonb_insert row_to_json
+array_to_json
+unnest generate_series array_length cardinality array_position array_positions array_remove array_replace
+array_append array_prepend array_cat array_lower array_upper array_dims
+pg_sleep current_setting current_database current_schema version sqlite_version pg_size_pretty
+""".split())
+
+# Words a parenthesis may follow that are not calls: keywords (`IN (`, `OVER (`, `AS (`), type names with a
+# modifier (`numeric(10, 2)`) and TABLESAMPLE methods
+NOT_CALLS = frozenset("""
+select from where and or not in exists any all some as on using join lateral values over filter within group by
+order partition having limit offset fetch union intersect except then when else case is like ilike similar
+between distinct with recursive materialized cast row array escape regexp match tablesample bernoulli system
+repeatable rows range groups preceding following current window zone returning explain
+numeric decimal varchar char character varying bit varbit timestamp timestamptz time timetz interval float
+double precision int integer bigint smallint real text boolean nchar national
+""".split())
+
+
 @dataclass(frozen=True)
 class Token:
     kind: str  # word, quoted (identifier), string, number, punct
@@ -220,6 +266,38 @@ def _check_body(tokens: list[Token]) -> None:
             for names, prefixes, why in DENIED_CALLS:
                 if name in names or name.startswith(prefixes):
                     raise _refuse(f"{name}() {why}; `ablate sql` may not call it")
+        if called and t.kind in ("word", "quoted") and t.name() not in ALLOWED_CALLS and not _not_a_call(tokens, k):
+            raise _refuse(f"{t.name()}() at character {t.start + 1} is not a function `ablate sql` calls: it calls "
+                          "aggregates, window functions and functions of values (numbers, text, dates, JSON, "
+                          "arrays), listed in ablate/sqlguard.py (ALLOWED_CALLS)")
+
+
+def _not_a_call(tokens: list[Token], k: int) -> bool:
+    """Whether `tokens[k]`, followed by `(`, is not a function call: a keyword or a type name, a name after AS or
+    `::` (an alias's column list, a type with a modifier), or a CTE's name with its column list
+    (`WITH t(a, b) AS (SELECT ...)`)."""
+    t, before = tokens[k], tokens[k - 1] if k else None
+    if t.kind == "word" and t.text.lower() in NOT_CALLS:
+        return True
+    if before is not None and (before.upper == "AS" or (before.kind == "punct" and before.text == ":")):
+        return True
+    # a CTE's column list holds names only, and its body is a statement (a function's column definition list,
+    # `FROM f(x) AS (a text)`, holds types: it is a call)
+    if before is None or not (before.upper in ("WITH", "RECURSIVE") or before.text == ","):
+        return False
+    j = k + 2
+    while j < len(tokens) and (tokens[j].kind in ("word", "quoted") or tokens[j].text == ","):
+        j += 1
+    if j >= len(tokens) or tokens[j].text != ")" or tokens[j].kind != "punct":
+        return False
+    rest = tokens[j + 1:j + 6]
+    if not rest or rest[0].upper != "AS":
+        return False
+    i = 1
+    while i < len(rest) and rest[i].upper in ("NOT", "MATERIALIZED"):
+        i += 1
+    return (i + 1 < len(rest) and rest[i].kind == "punct" and rest[i].text == "("
+            and (rest[i + 1].upper in EXPLAINABLE or rest[i + 1].text == "("))
 
 
 def check(sql: str, dialect: str = "postgresql") -> str:

@@ -10,7 +10,10 @@ What a cluster does to trials, and what happens here (every `POLL_SECONDS`):
 - a trial flow run that ended while its run is still owed (a worker stopped: `preempted`): dispatched again;
 - a run cancelled in the DB (`ablate sweep cancel`, any host): its trial flow run is cancelled too;
 - this sweep flow run cancelled in Prefect: its trial flow runs are cancelled and their runs marked
-  `cancelled` (their trainers checkpoint and stop within a heartbeat);
+  `cancelled` (their trainers checkpoint and stop within a heartbeat), by this process as it is stopped and
+  again by the sweep flow's `on_cancellation` hook, which Prefect runs in the worker after it has killed
+  this process (so a flow process that was stuck, or killed before it could, cancels its sweep all the same:
+  the flow run carries the sweep's name and database as labels);
 - the Prefect API unreachable (a server restart): every call is retried with backoff for up to
   `API_OUTAGE_SECONDS` while the trainers go on; a trial flow run whose process ended meanwhile stays Running
   in Prefect, so a run whose row has its outcome is taken from the row (its flow run marked Crashed once
@@ -262,6 +265,52 @@ def _cancelled_in_prefect(client: Any) -> bool:
     except Exception:  # noqa: BLE001 - no API to ask: do not guess that the user cancelled
         return False
     return state is not None and (state.is_cancelling() or state.is_cancelled())
+
+
+SWEEP_LABEL, DB_LABEL = "ablate.sweep", "ablate.database"
+
+
+def label_sweep_flow_run(engine: sa.Engine, name: str) -> None:
+    """Label this sweep flow run with its sweep and database, for `cancel_sweep_of` (run by the worker)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    with get_client(sync_client=True) as client:
+        client.update_flow_run_labels(flow_run.id, {SWEEP_LABEL: name, DB_LABEL: db.database_id(engine)})
+
+
+def cancel_sweep_of(flow_run_id: Any) -> str | None:
+    """The sweep flow's `on_cancellation` hook (in the worker, after it killed the flow's process, or in that
+    process): every owed run of the labelled sweep becomes `cancelled`, as `ablate sweep cancel` does (trainers
+    stop at their next heartbeat), and the flow run's trial flow runs still waiting or running are cancelled.
+    What it did, or None for a flow run that registered no sweep."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterParentFlowRunId, FlowRunFilterState,
+                                                FlowRunFilterStateType)
+    from prefect.client.schemas.objects import StateType
+
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(flow_run_id)  # fresh: the labels came after the run started
+        name, database = flow_run.labels.get(SWEEP_LABEL), flow_run.labels.get(DB_LABEL)
+        if not name:
+            return None
+        engine = db.connect(flow_run.parameters.get("db_url"))
+        if db.database_id(engine) != database:
+            raise AblateError(f"sweep {name!r}: the database at {engine.url!r} is not the one this flow run "
+                              f"registered it in ({database}); cancel it there with `ablate sweep cancel {name}`")
+        waiting, stopping, _ = runner.cancel(engine, name, wait=0)
+        waiting_trials = FlowRunFilter(  # its trial flow runs not ended nor being cancelled, 200 at a time
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id]),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(not_any_=[
+                StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED, StateType.CRASHED, StateType.CANCELLING])))
+        seen: set[Any] = set()
+        while batch := [fr for fr in client.read_flow_runs(flow_run_filter=waiting_trials, limit=200)
+                        if fr.id not in seen]:
+            for trial in batch:
+                _cancel_flow_run(client, trial.id, trial.state)
+                seen.add(trial.id)
+    return (f"sweep {name} cancelled: {waiting} waiting and {stopping} running runs marked cancelled (trainers "
+            f"stop at their next heartbeat), {len(seen)} trial flow runs cancelled")
 
 
 def cancel_trials(client: Any, engine: sa.Engine, live: dict[int, Any], log: Any) -> None:

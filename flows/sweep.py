@@ -63,7 +63,19 @@ def _reason(engine: Any, run_id: int) -> str:
     return error.splitlines()[0][:300] if error else "no error recorded"
 
 
-@flow(name="sweep")
+def _cancel_sweep(flow: Any, flow_run: Any, state: Any) -> None:
+    """on_cancellation: the sweep's owed runs and waiting trial flow runs are cancelled (flows/dispatch.py), also
+    when the flow's process was killed before it could do so itself (Prefect runs this hook in the worker)."""
+    from prefect.logging.loggers import flow_run_logger
+
+    from flows.dispatch import cancel_sweep_of
+
+    done = cancel_sweep_of(flow_run.id)
+    if done:
+        flow_run_logger(flow_run).warning("%s", done)
+
+
+@flow(name="sweep", on_cancellation=[_cancel_sweep])
 def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifacts", gpu_slots: int = 1,
           retry_failed: bool = False, use_deployments: bool = False, checkpoint_every: float | None = None,
           memory_cap_mb: float | None = None, threads: int | None = None, budget: str | None = None,
@@ -108,7 +120,10 @@ def _sweep(log: Any, spec: str, db_url: str | None, artifacts: str, gpu_slots: i
     log.info("sweep %s: %d trials, %d to run", parsed.name, len(run_ids), len(todo))
     kwargs = dict(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every, memory_cap_mb=memory_cap_mb)
     if use_deployments:
-        from flows.dispatch import dispatch_to_pool
+        from flows.dispatch import dispatch_to_pool, label_sweep_flow_run, ride_out
+
+        # before any dispatch: a cancel from now on finds the sweep
+        ride_out(lambda: label_sweep_flow_run(engine, parsed.name), log, "labelling the sweep flow run")
 
         # runs training under an earlier sweep flow run of this sweep (one that died: a run of the deployment
         # again resumes the sweep) are watched, not dispatched twice

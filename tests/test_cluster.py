@@ -23,6 +23,7 @@ import yaml
 
 from ablate import db
 from tests.test_deploy import free_port, wait_healthy
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -96,6 +97,16 @@ class Cluster:
             found = client.read_flow_runs(flow_run_filter=FlowRunFilter(
                 tags=FlowRunFilterTags(all_=[run_tag(engine)(run_id)])))
         return sorted(found, key=lambda fr: fr.created)
+
+    def trial_flow_runs_of(self, sweep_flow_run_id: str) -> list:
+        """The trial flow runs a sweep flow run dispatched."""
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: self.api}), get_client(sync_client=True) as client:
+            return client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[sweep_flow_run_id])))
 
     def flow_run(self, flow_run_id: str):
         from prefect.client.orchestration import get_client
@@ -277,6 +288,8 @@ def test_an_offline_hub_dataset_fails_the_sweep_before_any_trial_with_one_messag
 
 
 def test_a_pool_without_a_worker_is_said_in_the_sweep_log_and_a_cancel_reaches_its_trials(cluster):
+    """The sweep flow's process is stuck (SIGSTOP) when the cancel comes, so it cannot cancel its trials itself:
+    the worker kills it after Prefect's 30 s grace and runs the flow's on_cancellation hook, which does."""
     t0 = time.monotonic()
     flow_run_id = cluster.deployment_run("sweep/nobody")
     deadline = time.monotonic() + 60
@@ -285,16 +298,36 @@ def test_a_pool_without_a_worker_is_said_in_the_sweep_log_and_a_cancel_reaches_i
         time.sleep(1)
     print(f"timings: 'no live worker' in the sweep log {time.monotonic() - t0:.1f} s after the deployment run")
     assert "work pool 'idle' has no live worker" in logs
-    assert cluster.run(str(BIN / "prefect"), "flow-run", "cancel", flow_run_id).returncode == 0
     engine = db.connect(cluster.url)
-    deadline = time.monotonic() + 60
-    while True:
+
+    def trials() -> list:
         with engine.connect() as conn:
-            statuses = conn.execute(sa.select(db.Run.status).join(db.Sweep).where(db.Sweep.name == "nobody")).scalars().all()
-        if statuses == ["cancelled", "cancelled"]:
-            break
-        assert time.monotonic() < deadline, statuses
-        time.sleep(1)
+            return conn.execute(sa.select(db.Run.id, db.Run.status).join(db.Sweep)
+                                .where(db.Sweep.name == "nobody")).all()
+
+    runs = wait_until(lambda: len(found := cluster.trial_flow_runs_of(flow_run_id)) == 2 and found, 60,
+                      "both trials dispatched")
+    assert [r.status for r in trials()] == ["pending", "pending"]
+    flow_pid = int(str(cluster.flow_run(flow_run_id).infrastructure_pid).rsplit(":", 1)[-1])
+    os.kill(flow_pid, signal.SIGSTOP)
+    t1 = time.monotonic()
+    assert cluster.run(str(BIN / "prefect"), "flow-run", "cancel", flow_run_id).returncode == 0
+    try:
+        wait_until(lambda: [r.status for r in trials()] == ["cancelled", "cancelled"], 90, "runs cancelled")
+    except AssertionError as exc:  # what the sweep flow and the worker said, for the failure message
+        state = cluster.flow_run(flow_run_id).state
+        logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
+        raise AssertionError(f"{exc}: {trials()}; the sweep flow run is {state.name} ({state.message}); "
+                             f"its log ends:\n{logs[-3000:]}") from None
+    print(f"timings: a stuck sweep flow's runs cancelled {time.monotonic() - t1:.1f} s after `flow-run cancel`")
+    assert not db.pid_alive(flow_pid)
+    wait_until(lambda: cluster.flow_run(flow_run_id).state.is_cancelled(), 30, "the sweep flow run Cancelled")
+    # its trial flow runs, waiting for a worker that never came, are cancelled too: no worker will start them
+    for run in runs:
+        assert cluster.flow_run(run.id).state.is_cancelled(), (run.id, cluster.flow_run(run.id).state)
+    logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
+    assert "sweep nobody cancelled: 2 waiting and 0 running runs marked cancelled" in " ".join(logs.split()), \
+        logs[-2000:]
 
 
 def test_cancelling_a_sweep_flow_run_leaves_no_trainer_running_within_30_s(cluster):
@@ -322,7 +355,11 @@ def test_cancelling_a_sweep_flow_run_leaves_no_trainer_running_within_30_s(clust
             statuses = conn.execute(sa.select(db.Run.status).where(db.Run.id.in_(ids))).scalars().all()
         if statuses == ["cancelled", "cancelled"]:
             break
-        assert time.monotonic() < deadline, statuses
+        if time.monotonic() >= deadline:  # what the sweep flow saw, for the failure message
+            state = cluster.flow_run(flow_run_id).state
+            logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
+            raise AssertionError(f"{statuses}; the sweep flow run is {state.name} ({state.message}); "
+                                 f"its log ends:\n{logs[-3000:]}")
         time.sleep(1)
     print(f"timings: both trainers gone {gone:.1f} s after `prefect flow-run cancel`")
 

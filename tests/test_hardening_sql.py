@@ -166,6 +166,21 @@ def test_a_second_statement_is_found_wherever_the_semicolon_hides(query):
     ("EXPLAIN QUERY PLAN SELECT [a;b] FROM runs", "sqlite", "EXPLAIN QUERY PLAN SELECT [a;b] FROM runs"),
     ("SELECT id FROM runs FOR UPDATE", "postgresql", "SELECT id FROM runs FOR UPDATE"),  # the transaction refuses it
     ("SELECT pg_sleep(1)", "postgresql", "SELECT pg_sleep(1)"),  # the timeout handles it
+    # what a user writes, past the function allow-list: keywords and types before a parenthesis are not calls
+    ("WITH RECURSIVE t(n) AS (VALUES (1) UNION ALL SELECT n + 1 FROM t WHERE n < 5) SELECT * FROM t", "postgresql",
+     "WITH RECURSIVE t(n) AS (VALUES (1) UNION ALL SELECT n + 1 FROM t WHERE n < 5) SELECT * FROM t"),
+    ("WITH a(x) AS MATERIALIZED (SELECT 1), b(y) AS NOT MATERIALIZED (SELECT 2) SELECT * FROM a, b", "postgresql",
+     "WITH a(x) AS MATERIALIZED (SELECT 1), b(y) AS NOT MATERIALIZED (SELECT 2) SELECT * FROM a, b"),
+    ("SELECT CAST(lr AS numeric(10, 2)), lr::numeric(10,2), name::character varying(5) FROM runs", "postgresql",
+     "SELECT CAST(lr AS numeric(10, 2)), lr::numeric(10,2), name::character varying(5) FROM runs"),
+    ("SELECT avg(x) FILTER (WHERE x > 0) OVER (PARTITION BY y), percentile_cont(0.5) WITHIN GROUP (ORDER BY x) "
+     "FROM t TABLESAMPLE BERNOULLI(10) WHERE x IN (SELECT 1) AND EXISTS (SELECT 1) AND NOT (x = 2)", "postgresql",
+     "SELECT avg(x) FILTER (WHERE x > 0) OVER (PARTITION BY y), percentile_cont(0.5) WITHIN GROUP (ORDER BY x) "
+     "FROM t TABLESAMPLE BERNOULLI(10) WHERE x IN (SELECT 1) AND EXISTS (SELECT 1) AND NOT (x = 2)"),
+    ("SELECT g.n, pg_catalog.lower('A') FROM generate_series(1, 3) AS g(n)", "postgresql",
+     "SELECT g.n, pg_catalog.lower('A') FROM generate_series(1, 3) AS g(n)"),
+    ("SELECT j.value, json_extract(config, '$.lr'), printf('%.3f', 1.0) FROM runs, json_each(runs.config) AS j",
+     "sqlite", "SELECT j.value, json_extract(config, '$.lr'), printf('%.3f', 1.0) FROM runs, json_each(runs.config) AS j"),
 ])
 def test_one_read_only_statement_passes_the_guard(query, dialect, statement):
     assert sqlguard.check(query, dialect) == statement
@@ -195,6 +210,16 @@ def test_one_read_only_statement_passes_the_guard(query, dialect, statement):
     ("SELECT nextval('runs_id_seq')", "postgresql", "nextval() changes sequences"),
     ("SELECT pg_reload_conf()", "postgresql", "pg_reload_conf() changes the server"),
     ('SELECT U&"\\0073et_config"(\'role\', \'postgres\', true)', "postgresql", 'U&"..." identifiers'),
+    # functions outside the allow-list: SQL text run where the guard cannot read it, and anything unknown
+    ("SELECT * FROM ts_stat('SELECT to_tsvector(set_config(''role'', ''ablate'', true))')", "postgresql",
+     "ts_stat() at character 15 is not a function `ablate sql` calls"),
+    ("SELECT pg_catalog.ts_stat('x')", "postgresql", "ts_stat() at character 19 is not a function"),
+    ('SELECT "ts_stat"(\'x\')', "postgresql", "ts_stat() at character 8 is not a function"),
+    ("SELECT * FROM (SELECT 'x' AS q) s, LATERAL ts_stat(q) AS (w text, n int, e int)", "postgresql",
+     "ts_stat() at character 44 is not a function"),  # a column definition list is not a CTE's column list
+    ("SELECT database_to_xml(true, true, '')", "postgresql", "database_to_xml() at character 8 is not a function"),
+    ("SELECT xpath('/a', '<a/>')", "postgresql", "xpath() at character 8 is not a function"),
+    ("SELECT my_udf(1)", "sqlite", "my_udf() at character 8 is not a function"),
     ("SELECT 'never closed", "postgresql", "string opened at character 8 that is never closed"),
     ("SELECT $a$ never closed", "postgresql", "$a$-quoted string opened at character 8"),
     ("SELECT 1 /* never closed", "postgresql", "comment opened at character 10"),
@@ -459,6 +484,28 @@ def test_with_its_own_read_login_ablate_sql_cannot_become_the_writer_even_past_t
     monkeypatch.delenv("ABLATE_READ_URL")
     assert main(["sql", "SELECT count(*) AS n FROM runs", "--format", "csv", "--db", writer_url]) == 0
     assert "set ABLATE_READ_URL" in capsys.readouterr().err
+
+
+def test_without_a_read_login_sql_inside_a_string_is_refused_by_the_function_allow_list(compose_like):
+    """The escape of turn 3 on a compose-like server (a non-superuser writer that switches to ablate_reader for
+    each statement, no read login): ts_stat() runs its SQL text, where `set_config('role', ...)` returned to the
+    writer's role and pg_terminate_backend ended the writer's sessions. The allow-list refuses the call."""
+    writer_url, _, _ = compose_like
+    spec, trials = load_trials(SMOKE)
+    db.register_sweep(db.connect(writer_url), spec, trials)
+    before = snapshot(writer_url)
+    name = sa.make_url(writer_url).username
+    with db.connect(writer_url).connect() as victim:
+        pid = victim.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        inner = f"SELECT to_tsvector(set_config('role', '{name}', true) || pg_terminate_backend({pid})::text)"
+        attack = f"SELECT * FROM ts_stat('{inner.replace(chr(39), chr(39) * 2)}')"
+        message = refused(writer_url, attack)
+        assert "ts_stat() at character 15 is not a function `ablate sql` calls" in message, message
+        assert victim.exec_driver_sql("SELECT 1").scalar() == 1  # the writer's session survived
+    assert snapshot(writer_url) == before
+    # and a user's ordinary query still runs under the same guard
+    assert results.read_only_query("WITH t(n) AS (SELECT count(*) FROM runs) SELECT current_user, "
+                                   "CAST(n AS numeric(6, 1)) FROM t", writer_url)[1] == [("ablate_reader", 4)]
 
 
 def test_a_read_url_that_can_write_or_opens_another_database_is_refused(compose_like, monkeypatch):
