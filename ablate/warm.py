@@ -242,15 +242,17 @@ class WarmTrainer:
         with self._news:
             self._news.wait(timeout)
 
-    def close(self) -> None:
+    def close(self, grace: float = 10.0) -> None:
+        """End the helper: its stdin closed, it exits; killed after `grace` seconds, and reaped either way."""
         try:
             self.proc.stdin.close()
         except OSError:
             pass
         try:
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()  # reaped: no zombie left, and its CPU lands in this process's RUSAGE_CHILDREN
 
 
 _HELPER: WarmTrainer | None = None

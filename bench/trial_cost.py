@@ -66,7 +66,9 @@ def run_all(url: str, ids: list[int], artifacts: Path, warm_on: bool) -> dict:
     trainer_cpu = [h.cpu_seconds for h in handles] if warm_on else None
     if trainer_cpu is None:  # cold: serial trainers, so the children's total splits per trial by their own notes
         trainer_cpu = [total_children / len(ids)] * len(ids)
-    training = [(r.train_seconds or 0) + (r.eval_seconds or 0) for r in runs]
+    # CPU, not wall seconds: the trainer's own process_time from its first timed step to its result (a wall time
+    # subtracted from CPU seconds went negative on a loaded host, where a step waits for a core)
+    training = [r.notes["process_cpu"]["total"] - r.notes["process_cpu"]["before_training"] for r in runs]
     helper = total_children - sum(trainer_cpu) if warm_on else 0.0
     return {
         "trainer": statistics.median(trainer_cpu), "training": statistics.median(training),
@@ -105,7 +107,7 @@ def main() -> None:
         results[mode] = run_all(url, ids, work / "art", warm_on=(mode == "warm"))
     rows = [
         ("trainer process CPU per trial (warm: median; cold: mean)", "trainer"),
-        ("  of which timed training + eval", "training"),
+        ("  of which training + eval (CPU from the first timed step to the result)", "training"),
         ("  non-training (imports, data, model, optimizer, warm-up, DB)", "non_training"),
         ("  CPU before the first timed step (the trainer's own note)", "before_training"),
         ("runner CPU per trial (claim, rows, classification)", "runner"),

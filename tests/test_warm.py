@@ -120,6 +120,16 @@ def test_a_helper_that_does_not_answer_is_stopped_and_the_trainer_starts_cold(tm
     assert log_path.read_text().count("train one run to its budget") == 1  # one trainer, the cold one
 
 
+def test_closing_a_hung_helper_kills_and_reaps_it():
+    helper = warm.helper()
+    pid = helper.proc.pid
+    os.kill(pid, signal.SIGSTOP)  # it cannot read the closed stdin and exit
+    helper.close(grace=0.5)
+    assert helper.proc.returncode == -signal.SIGKILL  # waited for: no zombie, its CPU counted by its parent
+    assert not os.path.exists(f"/proc/{pid}")
+    assert warm.helper().proc.pid != pid  # the next trial gets a fresh one
+
+
 @pytest.fixture(autouse=True)
 def _warm_on(monkeypatch):
     monkeypatch.delenv("ABLATE_WARM_TRAINER", raising=False)
