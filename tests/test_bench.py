@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.waiting import patience
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -16,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 def test_bench_all_quick_on_cpu_writes_json_and_markdown(tmp_path):
     out = tmp_path / "bench"
     result = subprocess.run([sys.executable, "-m", "bench", "all", "--quick", "--device", "cpu", "--out", str(out)],
-                            cwd=REPO, capture_output=True, text=True, timeout=600)
+                            cwd=REPO, capture_output=True, text=True, timeout=patience(600))
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads((out / "results.json").read_text())
     assert data["environment"]["torch"] and data["environment"]["date"]

@@ -14,13 +14,15 @@ import yaml
 
 from ablate import db
 from ablate.cli import main
+from tests.waiting import patience
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = str(REPO / "sweeps" / "smoke.yaml")
 
 
 def ablate(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ablate.cli", *argv], capture_output=True, text=True, cwd=REPO, timeout=120)
+    return subprocess.run([sys.executable, "-m", "ablate.cli", *argv], capture_output=True, text=True, cwd=REPO,
+                          timeout=patience(120))
 
 
 def test_plan_lists_trials_and_total_budget(capsys):

@@ -23,7 +23,7 @@ import yaml
 
 from ablate import db
 from tests.test_deploy import free_port, wait_healthy
-from tests.waiting import wait_until
+from tests.waiting import Deadline, patience, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -70,7 +70,7 @@ class Cluster:
         return proc
 
     def run(self, *cmd: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(cmd, env=self.env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(cmd, env=self.env, cwd=REPO, capture_output=True, text=True, timeout=patience(timeout))
 
     def deployment_run(self, name: str, *params: str) -> str:
         """Start a deployment run (no watch); its flow run id."""
@@ -195,7 +195,7 @@ def cluster(tmp_path_factory):
     try:
         c.start_server()
         deployed = c.run(str(BIN / "ablate"), "deploy", "--sweeps", str(sweeps), "--db", c.url, "--artifacts",
-                         str(tmp / "art"), "--slots", "lab=2", timeout=180)
+                         str(tmp / "art"), "--slots", "lab=2", timeout=patience(180))
         assert deployed.returncode == 0, deployed.stderr[-3000:]
         c.start(str(BIN / "prefect"), "worker", "start", "--pool", "sweeps", "--name", "sweeps-worker")
         c.workers = [c.start(str(BIN / "ablate"), "worker", "--pool", "lab") for _ in range(2)]
@@ -213,13 +213,13 @@ def test_a_machine_that_dies_mid_trial_loses_its_run_to_the_other_worker_which_r
         with engine.connect() as conn:
             return conn.execute(sa.select(db.Run).join(db.Sweep).where(db.Sweep.name == "resume")).first()
 
-    deadline = time.monotonic() + 240
+    deadline = Deadline(240)
     while True:  # training, with a checkpoint on disk and points in the DB
         row = run_row()
         if (row is not None and row.status == "running" and row.pid and row.checkpoint_path
                 and Path(row.checkpoint_path).exists() and (row.last_step or 0) > 0 and row.train_seconds is None):
             break
-        assert time.monotonic() < deadline, f"the run never trained: {row}"
+        deadline.check(f"the run never trained: {row}")
         time.sleep(0.5)
     time.sleep(2)
     row = run_row()
@@ -229,7 +229,7 @@ def test_a_machine_that_dies_mid_trial_loses_its_run_to_the_other_worker_which_r
     killed_at = time.monotonic()
     _kill_tree(victim.pid, signal.SIGKILL)  # the machine dies: worker, flow run process and trainer at once
 
-    deadline = time.monotonic() + 300
+    deadline = Deadline(300)
     resumed_at = None
     while True:
         state = cluster.flow_run(flow_run_id).state
@@ -238,7 +238,7 @@ def test_a_machine_that_dies_mid_trial_loses_its_run_to_the_other_worker_which_r
             resumed_at = time.monotonic()
         if state.is_final():
             break
-        assert time.monotonic() < deadline, f"the sweep did not finish: {now.status}"
+        deadline.check(f"the sweep did not finish: {now.status}")
         time.sleep(1)
     done = run_row()
     print(f"timings: first trainer running after {killed_at - t0:.1f} s; resumed on the other worker "
@@ -292,9 +292,9 @@ def test_a_pool_without_a_worker_is_said_in_the_sweep_log_and_a_cancel_reaches_i
     the worker kills it after Prefect's 30 s grace and runs the flow's on_cancellation hook, which does."""
     t0 = time.monotonic()
     flow_run_id = cluster.deployment_run("sweep/nobody")
-    deadline = time.monotonic() + 60
+    deadline = Deadline(60)
     while "has no live worker" not in (logs := cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout):
-        assert time.monotonic() < deadline, logs[-2000:]
+        deadline.check(logs[-2000:])
         time.sleep(1)
     print(f"timings: 'no live worker' in the sweep log {time.monotonic() - t0:.1f} s after the deployment run")
     assert "work pool 'idle' has no live worker" in logs
@@ -333,7 +333,7 @@ def test_a_pool_without_a_worker_is_said_in_the_sweep_log_and_a_cancel_reaches_i
 def test_cancelling_a_sweep_flow_run_leaves_no_trainer_running_within_30_s(cluster):
     flow_run_id = cluster.deployment_run("sweep/cancel")
     engine = db.connect(cluster.url)
-    deadline = time.monotonic() + 240
+    deadline = Deadline(240)
     while True:
         with engine.connect() as conn:
             rows = conn.execute(sa.select(db.Run.id, db.Run.status, db.Run.last_step).join(db.Sweep)
@@ -341,21 +341,21 @@ def test_cancelling_a_sweep_flow_run_leaves_no_trainer_running_within_30_s(clust
         ids = [r.id for r in rows]
         if rows and all(r.status == "running" and r.last_step for r in rows) and len(trainers(ids)) == 2:
             break
-        assert time.monotonic() < deadline, rows
+        deadline.check(rows)
         time.sleep(0.5)
-    t0 = time.monotonic()
+    t0, stopping = time.monotonic(), Deadline(30)
     assert cluster.run(str(BIN / "prefect"), "flow-run", "cancel", flow_run_id).returncode == 0
     while trainers(ids):
-        assert time.monotonic() - t0 < 30, f"trainers still running 30 s after the cancel: {trainers(ids)}"
+        stopping.check(f"trainers still running 30 s after the cancel: {trainers(ids)}")
         time.sleep(0.5)
     gone = time.monotonic() - t0
-    deadline = time.monotonic() + 60
+    deadline = Deadline(60)
     while True:
         with engine.connect() as conn:
             statuses = conn.execute(sa.select(db.Run.status).where(db.Run.id.in_(ids))).scalars().all()
         if statuses == ["cancelled", "cancelled"]:
             break
-        if time.monotonic() >= deadline:  # what the sweep flow saw, for the failure message
+        if deadline.passed():  # what the sweep flow saw, for the failure message
             state = cluster.flow_run(flow_run_id).state
             logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
             raise AssertionError(f"{statuses}; the sweep flow run is {state.name} ({state.message}); "
@@ -376,9 +376,9 @@ def test_a_prefect_server_restart_mid_sweep_is_ridden_out_and_nothing_is_trained
             return conn.execute(sa.select(db.Run.id, db.Run.status, db.Run.attempts, db.Run.last_step).join(db.Sweep)
                                 .where(db.Sweep.name == "outage").order_by(db.Run.id)).all()
 
-    deadline = time.monotonic() + 240
+    deadline = Deadline(240)
     while sum(r.status == "running" and (r.last_step or 0) > 0 for r in rows()) < 2:
-        assert time.monotonic() < deadline, rows()
+        deadline.check(rows())
         time.sleep(0.5)
     _kill_tree(cluster.server.pid, signal.SIGKILL)
     cluster.server.wait()
@@ -386,9 +386,9 @@ def test_a_prefect_server_restart_mid_sweep_is_ridden_out_and_nothing_is_trained
     time.sleep(75)
     cluster.start_server()
     print(f"timings: Prefect server down {time.monotonic() - down:.0f} s")
-    deadline = time.monotonic() + 400
+    deadline = Deadline(400)
     while not (state := cluster.flow_run(flow_run_id).state).is_final():
-        assert time.monotonic() < deadline, (state, rows())
+        deadline.check((state, rows()))
         time.sleep(2)
     logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
     assert state.is_completed(), (state, logs[-3000:])
@@ -406,20 +406,21 @@ def test_a_search_flow_run_on_a_dead_machine_is_marked_crashed(cluster):
     heartbeats stopped Crashed (freeing its pool slot); its trial resumes with the next search flow run."""
     flow_run_id = cluster.deployment_run("search/zombie")
     engine = db.connect(cluster.url)
-    deadline = time.monotonic() + 240
+    deadline = Deadline(240)
     while True:
         with engine.connect() as conn:
             row = conn.execute(sa.select(db.Run).join(db.Sweep).where(db.Sweep.name == "zombie")).first()
         if row is not None and row.status == "running" and row.pid and (row.last_step or 0) > 0:
             break
-        assert time.monotonic() < deadline, row
+        deadline.check(row)
         time.sleep(1)
     victim = next(w for w in cluster.workers if row.pid in _tree(w.pid))
     _kill_tree(victim.pid, signal.SIGKILL)  # the machine dies with the search flow run on it
     killed = time.monotonic()
-    deadline = killed + 300
+    deadline = Deadline(300)
     while not (state := cluster.flow_run(flow_run_id).state).is_final():
-        assert time.monotonic() < deadline, f"the search flow run is still {state.name} {time.monotonic() - killed:.0f} s after its machine died"
+        deadline.check(f"the search flow run is still {state.name} {time.monotonic() - killed:.0f} s after its "
+                       "machine died")
         time.sleep(2)
     print(f"timings: search flow run {state.name} {time.monotonic() - killed:.0f} s after its machine died")
     assert state.is_crashed() and "no heartbeat" in (state.message or ""), state

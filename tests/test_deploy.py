@@ -15,7 +15,7 @@ import sqlalchemy as sa
 import yaml
 
 from ablate import db
-from tests.waiting import wait_until
+from tests.waiting import patience, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -68,7 +68,7 @@ def test_prefect_deployment_run_sweep_smoke_with_a_local_server_and_workers(tmp_
         wait_healthy(api)
         deployed = subprocess.run([str(BIN / "ablate"), "deploy", "--sweeps", str(sweeps), "--db", url,
                                    "--artifacts", str(tmp_path / "art"), "--slots", "cpu=1", "--pool", "h100"],
-                                  env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
+                                  env=env, cwd=REPO, capture_output=True, text=True, timeout=patience(180))
         assert deployed.returncode == 0, deployed.stderr[-3000:]
         assert "sweep/smoke" in deployed.stdout and "trial/cpu" in deployed.stdout
         assert "trial/h100" in deployed.stdout  # --pool: a pool no sweep file names, for hardware overrides
@@ -83,7 +83,7 @@ def test_prefect_deployment_run_sweep_smoke_with_a_local_server_and_workers(tmp_
         start(str(BIN / "prefect"), "worker", "start", "--pool", "cpu")
         result = subprocess.run([str(BIN / "prefect"), "deployment", "run", "sweep/smoke", "--watch",
                                  "--watch-timeout", "400"], env=env, cwd=REPO, capture_output=True, text=True,
-                                timeout=450)
+                                timeout=patience(450))
         assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
         engine = db.connect(url)
         with engine.connect() as conn:

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 import yaml
 
 from ablate import db, runner
+from tests.waiting import Deadline, patience
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,7 +26,7 @@ def prefect_harness():
     """Prefect's test harness: a temporary API server for the module (real flow runs, no mocks)."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_harness(server_startup_timeout=int(patience(120))):
         yield
 
 
@@ -45,12 +46,12 @@ def flow_run_logs(flow_run_id, until: str, timeout: float = 30) -> list[str]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     while True:
         with get_client(sync_client=True) as client:
             logs = [log.message for log in client.read_logs(
                 log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)]
-        if any(until in m for m in logs) or time.monotonic() > deadline:
+        if any(until in m for m in logs) or deadline.passed():
             assert any(until in m for m in logs), logs[:20]
             return logs
         time.sleep(0.5)
@@ -122,8 +123,8 @@ def test_killed_trial_is_resumed_by_the_next_sweep_without_duplicate_metrics(pre
     proc = subprocess.Popen(runner.trainer_command(runner.TrialConfig.model_validate(db.get_run(db.connect(url), run_id).config), run_id, opts),
                             env={**os.environ, "ABLATE_DB_URL": url, "ABLATE_CLAIMANT": "test"})
     db.update_run(db.connect(url), run_id, pid=proc.pid)
-    deadline = time.time() + 180
-    while time.time() < deadline and not (list(art.glob("runs/*/*/checkpoint.pt")) and metric_count(url, run_id) >= 3):
+    deadline = Deadline(180)
+    while not deadline.passed() and not (list(art.glob("runs/*/*/checkpoint.pt")) and metric_count(url, run_id) >= 3):
         time.sleep(0.2)
     time.sleep(0.3)
     assert proc.poll() is None, "the trainer finished before it could be killed: raise `steps`"

@@ -26,7 +26,7 @@ from ablate import db, runner
 from ablate.errors import AblateError
 from ablate.train import Settings, train
 from test_train import make_trial, metric_rows, registered
-from tests.waiting import patience
+from tests.waiting import Deadline, patience
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "sweeps" / "smoke.yaml"
@@ -144,7 +144,7 @@ def test_two_runners_and_a_search_at_once_train_each_trial_exactly_once(any_url,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     procs.append(subprocess.Popen([sys.executable, "-m", "ablate.cli", "search", "run", str(search_spec), "--workers",
                                    "2", *common], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [p.communicate(timeout=540)[0] for p in procs]
+    outputs = [p.communicate(timeout=patience(540))[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], "\n\n".join(  # each process's own ending, whole
         f"--- process {i} exited {p.returncode}:\n{out[-4000:]}" for i, (p, out) in enumerate(zip(procs, outputs)))
     engine = db.connect(any_url)
@@ -261,7 +261,7 @@ def test_ctrl_c_stops_the_sweep_cleanly_and_says_how_to_resume(tmp_path):
     time.sleep(8)  # past warm-up, into training
     helpers = _children(cli.pid)  # the local Prefect server, the trainer's runner threads' processes
     cli.send_signal(signal.SIGINT)
-    out, err = cli.communicate(timeout=200)
+    out, err = cli.communicate(timeout=patience(200))
     assert cli.returncode == 130, (out, err)
     assert "resume it with: ablate sweep run" in err
     assert not runner.pid_alive(trainer)
@@ -290,16 +290,16 @@ def test_a_killed_sweep_run_leaves_no_prefect_server_behind(tmp_path):
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     server = None
     try:
-        deadline = time.monotonic() + 240
-        while server is None and time.monotonic() < deadline and cli.poll() is None:
+        deadline = Deadline(240)
+        while server is None and not deadline.passed() and cli.poll() is None:
             time.sleep(0.5)
             server = next((p for p in _children(cli.pid) if b"prefect.server.api.server" in
                            Path(f"/proc/{p}/cmdline").read_bytes()), None) if Path(f"/proc/{cli.pid}").exists() else None
         assert server is not None, "no local Prefect server started"
         cli.kill()  # SIGKILL: no atexit, no signal handler
         cli.wait()
-        deadline = time.monotonic() + 30
-        while _running(server) and time.monotonic() < deadline:
+        deadline = Deadline(30)
+        while _running(server) and not deadline.passed():
             time.sleep(0.5)
         assert not _running(server), "the local Prefect server outlived its killed `ablate sweep run`"
     finally:
@@ -324,7 +324,7 @@ def _train_under_a_file_size_limit(tmp_path, budget: dict, *args: str):
 
     proc = subprocess.run([sys.executable, "-m", "ablate.train", "--run-id", str(run_id), "--artifacts", str(art),
                            "--quiet", "--threads", "1", *args], env=cli_env(ABLATE_DB_URL=url), preexec_fn=limit,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=patience(300))
     return proc, db.get_run(db.connect(url), run_id), art
 
 

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from tests.waiting import patience
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +21,8 @@ MARK = "heavy modules imported:"
 def heavy_imports(code: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
     """Run `code` in a fresh interpreter at the repository root; the `heavy` modules it imported."""
     probe = f"{code}\nimport sys\nprint({MARK!r}, __import__('json').dumps([m for m in {heavy!r} if m in sys.modules]))"
-    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
+                          timeout=patience(120))
     assert done.returncode == 0, done.stderr
     line = next(line for line in done.stdout.splitlines() if line.startswith(MARK))
     return json.loads(line.removeprefix(MARK))

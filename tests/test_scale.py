@@ -16,6 +16,7 @@ from sqlalchemy import event
 from ablate import db, runner
 from ablate.cli import STATUS_ROWS, main, runs_table
 from test_hardening import cli_env, grid_spec
+from tests.waiting import patience
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -163,7 +164,7 @@ def test_a_local_prefect_api_that_does_not_start_gives_a_clear_error(tmp_path):
     env.pop("PREFECT_API_URL", None)
     proc = subprocess.run([sys.executable, "-m", "ablate.cli", "sweep", "run", str(spec), "--db",
                            f"sqlite:///{tmp_path / 'r.db'}", "--artifacts", str(tmp_path / "art")],
-                          env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                          env=env, capture_output=True, text=True, timeout=patience(300), cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "did not start within 0 s" in proc.stderr and "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in proc.stderr
     status = db.get_run(db.connect(f"sqlite:///{tmp_path / 'r.db'}"), 1).status

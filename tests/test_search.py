@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from ablate import db, runner, search
 from ablate.errors import AblateError, SpecError
 from ablate.spec import parse_spec
+from tests.waiting import patience
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -246,7 +247,7 @@ def prefect_harness():
     """Prefect's test harness: a temporary API server for the module (real flow runs, no mocks)."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_harness(server_startup_timeout=int(patience(120))):
         yield
 
 
@@ -330,7 +331,7 @@ def test_two_workers_on_one_study_make_exactly_n_trials(db_url, tmp_path, artifa
                               "--artifacts", str(artifacts)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:  # both with the default seed: trial n samples with seed + n, whichever worker asks for it
         here = search.run_search(spec, db_url, runner.RunOptions(artifacts=artifacts), poll_seconds=0.2)
-        out, _ = other.communicate(timeout=300)
+        out, _ = other.communicate(timeout=patience(300))
     finally:
         other.kill()
     assert other.returncode == 0, out

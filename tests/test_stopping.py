@@ -22,7 +22,7 @@ from ablate.cli import main
 from ablate.errors import AblateError, SpecError
 from ablate.overrides import apply_overrides
 from tests.test_train import make_trial, registered
-from tests.waiting import wait_until
+from tests.waiting import patience, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "sweeps" / "smoke.yaml"
@@ -358,6 +358,25 @@ def test_waits_scale_with_the_load_and_a_timeout_says_the_machine_was_busy():
     assert waiting.wait_until(lambda: 42, 0.1, "at once") == 42
 
 
+def test_a_deadline_grows_while_the_machine_is_busy_and_says_so_when_it_passes(monkeypatch):
+    from tests import waiting
+
+    load = [0.5]
+    monkeypatch.setattr(os, "getloadavg", lambda: (load[0], load[0], load[0]))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.delenv(waiting.SCALE_ENV, raising=False)
+    deadline = waiting.Deadline(0.2)
+    time.sleep(0.3)
+    load[0] = 20.0  # the machine became busy before the wait ran out: 10 x 0.2 s now
+    assert not deadline.passed()
+    deadline.check("still waiting")
+    load[0] = 0.5  # calmer again: the wait it was granted stays
+    assert not deadline.passed()
+    time.sleep(1.9)
+    with pytest.raises(AssertionError, match=r"^the run never trained \(after 2 s; load average 0.5"):
+        deadline.check("the run never trained")
+
+
 def test_a_sweep_whose_token_caches_are_built_checks_them_without_importing_torch(tmp_path):
     from ablate.spec import load_trials
 
@@ -370,5 +389,5 @@ def test_a_sweep_whose_token_caches_are_built_checks_them_without_importing_torc
     probe = ("import sys; from pathlib import Path; from ablate import runner; from ablate.spec import load_trials; "
              f"said = []; runner.prepare_data(load_trials({str(path)!r})[1], Path({str(art)!r}), say=said.append); "
              "print(said, 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=patience(120), cwd=REPO)
     assert out.stdout.strip().endswith("cached'] False"), out.stdout + out.stderr[-2000:]

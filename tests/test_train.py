@@ -20,6 +20,7 @@ from ablate.budget import lr_at
 from ablate.errors import AblateError
 from ablate.spec import TrialConfig
 from ablate.train import Settings, train
+from tests.waiting import patience
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -162,7 +163,7 @@ def test_a_run_killed_midway_resumes_the_same_trajectory_without_duplicate_metri
     # reference: uninterrupted
     url_a = f"sqlite:///{tmp_path / 'a.db'}"
     run_a = registered(url_a, trial)
-    subprocess.run(_train_cmd(url_a, run_a, tmp_path / "art-a", 1e9), check=True, timeout=300)
+    subprocess.run(_train_cmd(url_a, run_a, tmp_path / "art-a", 1e9), check=True, timeout=patience(300))
     # interrupted: SIGKILL once a checkpoint exists and some metrics are past it, then restart
     url_b = f"sqlite:///{tmp_path / 'b.db'}"
     run_b = registered(url_b, trial)
@@ -181,7 +182,7 @@ def test_a_run_killed_midway_resumes_the_same_trajectory_without_duplicate_metri
     proc.wait()
     assert db.get_run(db.connect(url_b), run_b).status == "running"  # never finished; its claimant is dead
     first = torch.load(ckpt, weights_only=True)["progress"]["meters"]
-    subprocess.run(_train_cmd(url_b, run_b, tmp_path / "art-b", 1.0), check=True, timeout=300)
+    subprocess.run(_train_cmd(url_b, run_b, tmp_path / "art-b", 1.0), check=True, timeout=patience(300))
     a, b = metric_rows(url_a, run_a), metric_rows(url_b, run_b)
     assert [(r.split, r.step) for r in a] == [(r.split, r.step) for r in b]
     for ra, rb in zip(a, b):
@@ -210,10 +211,10 @@ def test_two_process_ddp_matches_one_process_at_the_same_global_batch(tmp_path, 
     two = make_trial(batch_size=4, budget={"steps": steps, "gpus": 2}, objective=objective, **labelled)
     url = f"sqlite:///{tmp_path / 'r.db'}"
     r1, r2 = registered(url, one), registered(url, two)
-    subprocess.run(_train_cmd(url, r1, tmp_path / "art", 1e9), check=True, timeout=300)
+    subprocess.run(_train_cmd(url, r1, tmp_path / "art", 1e9), check=True, timeout=patience(300))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            *_train_cmd(url, r2, tmp_path / "art", 1e9)[1:]]
-    subprocess.run(cmd, check=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    subprocess.run(cmd, check=True, timeout=patience(300), env={**os.environ, "OMP_NUM_THREADS": "1"})
     engine = db.connect(url)
     a, b = db.get_run(engine, r1), db.get_run(engine, r2)
     assert b.status == "completed" and b.samples == a.samples == steps * 8

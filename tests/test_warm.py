@@ -14,6 +14,7 @@ import pytest
 
 from ablate import db, runner, warm
 from tests.test_train import make_trial, metric_rows, registered
+from tests.waiting import patience, wait_until
 
 FAST = {"ABLATE_HEARTBEAT_SECONDS": "1"}
 
@@ -80,10 +81,8 @@ def test_the_helper_forks_from_a_single_thread_and_reports_exit_codes(tmp_path):
 def test_stopping_a_forked_trainer_checkpoints_it_as_preempted(sqlite_url, tmp_path):
     stop = threading.Event()
     engine, rid, t, out = _trial_in_thread(sqlite_url, tmp_path, 120, should_stop=stop.is_set)
-    deadline = time.monotonic() + 120
-    while db.get_run(engine, rid).startup_seconds is None:  # written when the timed loop starts
-        assert time.monotonic() < deadline, "the trainer never trained"
-        time.sleep(0.2)
+    wait_until(lambda: db.get_run(engine, rid).startup_seconds is not None, 120,  # written when the timed loop starts
+               "the trainer never trained")
     time.sleep(1.0)
     pid = db.get_run(engine, rid).pid
     assert os.getpgid(pid) == pid != os.getpgid(0)  # a session of its own, signalled as a group like a cold trainer
@@ -96,10 +95,7 @@ def test_stopping_a_forked_trainer_checkpoints_it_as_preempted(sqlite_url, tmp_p
 def test_a_trainer_outlives_its_helper_and_its_outcome_is_still_recorded(sqlite_url, tmp_path):
     helper = warm.helper()
     engine, rid, t, out = _trial_in_thread(sqlite_url, tmp_path, 4)
-    deadline = time.monotonic() + 120
-    while db.get_run(engine, rid).pid is None:
-        assert time.monotonic() < deadline, "the trainer never started"
-        time.sleep(0.1)
+    wait_until(lambda: db.get_run(engine, rid).pid is not None, 120, "the trainer never started", every=0.1)
     os.kill(helper.proc.pid, signal.SIGKILL)  # the helper dies (OOM killer); its child goes on under init
     t.join(120)
     assert out["status"] == "completed" == db.get_run(engine, rid).status
@@ -142,6 +138,7 @@ def test_the_helper_holds_what_llama_and_gpt_trainers_import_in_build():
              "print(sorted(m for m in ('transformers.models.llama.modeling_llama', "
              "'transformers.models.gpt2.modeling_gpt2', 'transformers.models.openai.modeling_openai') "
              "if m in sys.modules and m not in before))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=patience(300),
+                         check=True)
     assert out.stdout.strip() == ("['transformers.models.gpt2.modeling_gpt2', 'transformers.models.llama.modeling_llama', "
                                   "'transformers.models.openai.modeling_openai']"), out.stdout + out.stderr[-2000:]

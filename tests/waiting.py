@@ -54,3 +54,21 @@ def wait_until(predicate: Callable[[], Any], seconds: float, what: str, every: f
             raise AssertionError(busy(what, waited))
         time.sleep(every)
     return value
+
+
+class Deadline:
+    """A wait of `seconds` for a loop that checks more than one thing, scaled like `wait_until` at every check:
+    `deadline = Deadline(240)`, then `deadline.check(what)` in the loop (or `deadline.passed()`)."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.start = seconds, time.monotonic()
+        self.limit = seconds * scale()
+
+    def passed(self) -> bool:
+        self.limit = max(self.limit, self.seconds * scale())
+        return time.monotonic() - self.start > self.limit
+
+    def check(self, what: Any) -> None:
+        """Fail with `busy(what)` once the (scaled) wait is over."""
+        if self.passed():
+            raise AssertionError(busy(str(what), time.monotonic() - self.start))
