@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tests.waiting import patience
 
 REPO = Path(__file__).resolve().parent.parent

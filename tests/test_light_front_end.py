@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
 from tests.waiting import patience
 
 
