@@ -859,6 +859,11 @@ def _environment_hint(exc: Exception, url: str | None) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the `ablate` program (not a caller in Python): `kill -USR1 PID` prints every thread's stack
+        import faulthandler
+        import signal
+
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     parser = build_parser()
     args = parser.parse_args(argv)
     args.db = getattr(args, "db", None)  # --db may come before or after the command

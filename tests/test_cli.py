@@ -168,3 +168,26 @@ def test_an_edited_sweep_drops_its_removed_unfinished_runs_and_keeps_results(sql
         points = conn.execute(sa.select(sa.func.count()).select_from(db.Metric)).scalar()
     assert runs[("mixer", 64)] not in left and points == 0  # the failed run and its points are gone
     assert left[runs[("mixer", 128)]] == "completed"  # a result stays
+
+
+def test_kill_usr1_prints_where_every_thread_of_the_program_is(tmp_path):
+    """A hung `ablate` (a sweep that will not stop) can be asked where it is without killing it."""
+    import signal
+    import time
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    assert main(["db", "upgrade", "--db", url]) == 0
+    slow = ("WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 1000000000) "
+            "SELECT count(*) FROM c")
+    proc = subprocess.Popen([sys.executable, "-m", "ablate.cli", "sql", slow, "--db", url, "--timeout", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        time.sleep(patience(4))  # started and inside the query
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        assert proc.poll() is None  # still at work: the signal only printed
+    finally:
+        proc.kill()
+        _, err = proc.communicate(timeout=patience(60))
+    assert "Current thread" in err or "Thread 0x" in err, err[-2000:]
+    assert "ablate/results.py" in err, err[-2000:]  # the query's frame, named

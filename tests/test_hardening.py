@@ -248,9 +248,9 @@ def test_ctrl_c_stops_the_sweep_cleanly_and_says_how_to_resume(tmp_path):
     cli = subprocess.Popen([sys.executable, "-m", "ablate.cli", "sweep", "run", str(spec), "--db", url, "--artifacts",
                             str(tmp_path / "art"), "--threads", "1", "--checkpoint-every", "5"], env=cli_env(),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
+    deadline = Deadline(240)
     trainer = None
-    while time.time() < deadline and trainer is None:
+    while not deadline.passed() and trainer is None:
         time.sleep(1)
         if Path(url.removeprefix("sqlite:///")).exists():
             with db.connect(url).connect() as conn:
@@ -261,7 +261,15 @@ def test_ctrl_c_stops_the_sweep_cleanly_and_says_how_to_resume(tmp_path):
     time.sleep(8)  # past warm-up, into training
     helpers = _children(cli.pid)  # the local Prefect server, the trainer's runner threads' processes
     cli.send_signal(signal.SIGINT)
-    out, err = cli.communicate(timeout=patience(200))
+    try:
+        out, err = cli.communicate(timeout=patience(200))
+    except subprocess.TimeoutExpired:  # where it hangs: every thread's stack (`kill -USR1`), for the failure message
+        cli.send_signal(signal.SIGUSR1)
+        time.sleep(3)
+        cli.kill()
+        out, err = cli.communicate()
+        raise AssertionError(f"`ablate sweep run` still running 200 s after Ctrl-C; its stacks and output:\n"
+                             f"{err[-8000:]}\n{out[-2000:]}") from None
     assert cli.returncode == 130, (out, err)
     assert "resume it with: ablate sweep run" in err
     assert not runner.pid_alive(trainer)

@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 from ablate import db, runner, search
 from ablate.errors import AblateError, SpecError
 from ablate.spec import parse_spec
-from tests.waiting import patience
+from tests.waiting import patience, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -330,6 +330,9 @@ def test_two_workers_on_one_study_make_exactly_n_trials(db_url, tmp_path, artifa
     other = subprocess.Popen([sys.executable, "-m", "ablate.cli", "search", "run", str(spec), "--db", db_url,
                               "--artifacts", str(artifacts)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:  # both with the default seed: trial n samples with seed + n, whichever worker asks for it
+        # this worker starts once the other has asked for its first trial: that one starts in a fresh process
+        # (seconds of imports), and on a busy machine this one could otherwise run all three before it asks
+        wait_until(lambda: other.poll() is not None or study_of(db_url).trials, 120, "the other worker's first trial")
         here = search.run_search(spec, db_url, runner.RunOptions(artifacts=artifacts), poll_seconds=0.2)
         out, _ = other.communicate(timeout=patience(300))
     finally:

@@ -20,7 +20,7 @@ from ablate.budget import lr_at
 from ablate.errors import AblateError
 from ablate.spec import TrialConfig
 from ablate.train import Settings, train
-from tests.waiting import patience
+from tests.waiting import Deadline, patience
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -169,8 +169,8 @@ def test_a_run_killed_midway_resumes_the_same_trajectory_without_duplicate_metri
     run_b = registered(url_b, trial)
     proc = subprocess.Popen(_train_cmd(url_b, run_b, tmp_path / "art-b", 1.0))
     ckpt = None
-    deadline = time.time() + 240
-    while time.time() < deadline:
+    deadline = Deadline(240)
+    while not deadline.passed():
         ckpt = next(iter((tmp_path / "art-b").glob("runs/*/*/checkpoint.pt")), None)
         if ckpt is not None and len(metric_rows(url_b, run_b, "train")) >= 3:
             break
