@@ -245,9 +245,12 @@ def test_ctrl_c_stops_the_sweep_cleanly_and_says_how_to_resume(tmp_path):
     data["budget"] = {"wall_clock": "10m", "hardware": "cpu"}
     spec = tmp_path / "long.yaml"
     spec.write_text(yaml.safe_dump(data))
+    # Ctrl-C as on a terminal: SIGINT at its default in the child, whatever this process inherited (a shell's
+    # background job, as CI may start the suite, ignores SIGINT, and the child would inherit that)
     cli = subprocess.Popen([sys.executable, "-m", "ablate.cli", "sweep", "run", str(spec), "--db", url, "--artifacts",
                             str(tmp_path / "art"), "--threads", "1", "--checkpoint-every", "5"], env=cli_env(),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = Deadline(240)
     trainer = None
     while not deadline.passed() and trainer is None:
