@@ -282,6 +282,12 @@ def connect(url: str | None = None, upgrade: bool = True) -> sa.Engine:
     return engine
 
 
+def close_engines() -> None:
+    """Close the connections of every engine this process keeps (before leaving without the interpreter's teardown)."""
+    for engine in [*_ENGINES.values(), *_READERS.values()]:
+        engine.dispose()
+
+
 def reader(url: str | None = None) -> sa.Engine:
     """An engine for reading commands: it never creates, migrates or writes the database it opens.
 

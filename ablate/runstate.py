@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from ablate import db
 from ablate.errors import AblateError
@@ -43,6 +44,8 @@ class Settings:
     checkpoint_every: float | None = None
     log_points: int = 200  # about this many train-loss points per run
     flush_every: float = 30.0  # seconds between metric writes
+    # seconds between reads of the logged train losses from the device: each read is one host sync (PendingLosses)
+    read_every: float = 1.0
     warmup_steps: int = 2  # untimed steps (compile, allocator warm-up); state restored afterwards
     memory_cap_mb: float | None = None
     resume: bool = True
@@ -58,10 +61,50 @@ class Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    # a gloo group for the loop's decisions (budget fraction, stop, log, eval, checkpoint): host values agreed on
+    # the host, so agreeing on them every step never waits for the GPU (NCCL would need the flags on the device)
+    control: Any = None
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def agree(self, *values: float) -> list[float]:
+        """The largest of each value over the ranks (one tiny host-side all-reduce; itself without DDP)."""
+        if self.world == 1:
+            return [float(v) for v in values]
+        both = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.control)
+        return both.tolist()
+
+
+class PendingLosses:
+    """Train-loss points kept on the device until they are read.
+
+    Reading a device value is a host sync (on a GPU the host waits for every queued kernel), so points logged
+    every step (a budget under `log_points` steps) are read together: the loop reads them every
+    `Settings.read_every` seconds, and before a stop, an eval or a checkpoint. One transfer per read, none per
+    step. In DDP each point's (loss sum, count) is summed over the ranks when it is added (queued on the
+    device, like the gradients' all-reduce), at log points every rank agreed on."""
+
+    def __init__(self, dist_: Dist):
+        self.dist = dist_
+        self.items: list[tuple[dict[str, Any], torch.Tensor]] = []
+
+    def add(self, loss_sum: torch.Tensor, count: torch.Tensor, **point: Any) -> None:
+        both = torch.stack([loss_sum.float(), count.float()])  # a copy: the caller zeroes its running sums
+        if self.dist.world > 1:
+            dist.all_reduce(both)
+        self.items.append((point, both))
+
+    def read(self) -> list[tuple[dict[str, Any], float, float]]:
+        """Every pending point with its (loss sum, count), oldest first."""
+        if not self.items:
+            return []
+        values = torch.stack([both for _, both in self.items]).tolist()
+        out = [(point, s, c) for (point, _), (s, c) in zip(self.items, values)]
+        self.items = []
+        return out
 
 
 # ---------------------------------------------------------------- recording

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -17,6 +18,7 @@ import random
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +31,8 @@ from ablate import data as data_mod
 from ablate import db, models, objectives
 from ablate.errors import AblateError
 from ablate.runstate import (
-    Batches, Dist, Progress, Recorder, Settings, check_memory, is_oom, load_checkpoint, peak_memory_mb, rng_state,
-    run_dir, save_checkpoint, set_rng_state,
+    Batches, Dist, PendingLosses, Progress, Recorder, Settings, check_memory, is_oom, load_checkpoint, peak_memory_mb,
+    rng_state, run_dir, save_checkpoint, set_rng_state,
 )
 from ablate.spec import HARDWARE_PROFILES, TrialConfig
 from ablate.stopping import Stopped, StopSignal
@@ -101,13 +103,14 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     # num_train_epochs / max_steps (the studies' runs were planned that way, and stopped by hand at a wall clock)
     along_horizon = bud.schedule_position(trial) if trial.horizon is not None else None
 
-    optimizer = make_optimizer(model, trial, device)
+    use_compile = trial.compile if trial.compile is not None else device.type == "cuda"
+    optimizer = make_optimizer(model, trial, device, compiling=use_compile)
+    step_optimizer = optimizer.step if use_compile else plain_step(optimizer)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     # DDP and compile wrap the model together with its loss: every objective's forward goes through them
     wrapped: torch.nn.Module = objectives.Objective(trial, model)
     if dist_.world > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
-    use_compile = trial.compile if trial.compile is not None else device.type == "cuda"
     if use_compile:
         wrapped = torch.compile(wrapped)
 
@@ -172,7 +175,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
                  for k in range(progress.grad_accum)]
         host_tokens = sum(count_tokens(labels) for _, labels in micro)
         host_targets = max(sum(count_targets(labels) for _, labels in micro), 1)
-        micro = [(ids.to(device, non_blocking=True), labels.to(device, non_blocking=True)) for ids, labels in micro]
+        micro = [(_to_device(ids, device), _to_device(labels, device)) for ids, labels in micro]
         clock.meters["data"] += time.perf_counter() - t0
         loss_sum = torch.zeros((), device=device)
         count = torch.zeros((), device=device)
@@ -194,7 +197,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
             scaler.step(optimizer)
             scaler.update()
         else:
-            optimizer.step()
+            step_optimizer()
         optimizer.zero_grad(set_to_none=True)
         return loss_sum, count, progress.micro_batch * progress.grad_accum * dist_.world, host_tokens * dist_.world
 
@@ -252,7 +255,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
 
     # this attempt's own start-up (a resumed run's meters also hold its earlier attempts' warm-up)
     startup = time.perf_counter() - t_start - warmup_seconds
-    clock.meters["startup"] = startup  # data cache, model build, optimizer (its first use imports torch._dynamo)
+    clock.meters["startup"] = startup  # data cache, model build, optimizer
     # this process's CPU so far: interpreter, imports (none in a trainer forked warm), start-up and warm-up
     progress.notes["process_cpu"] = {"before_training": round(time.process_time(), 3)}
     recorder.update(params=params, inter_token_params=fam.inter_token_params(trial), flops_per_token=flops_per_token,
@@ -268,42 +271,44 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     error: str | None = None
     bar = _progress_bar(settings.progress and dist_.is_main, trial)
 
+    pending = PendingLosses(dist_)
+    last_read = time.monotonic()
+
     clock.start()
     try:
         while True:
-            f = fraction()
-            # ---- stop check every step; all ranks agree (one tiny all-reduce in DDP)
             if recorder.lost:  # another process took this run over (we were thought dead): stop, write nothing
                 stop.flag = True
-            past_horizon = along_horizon is not None and along_horizon(
-                f, progress.step, progress.tokens, progress.samples, progress.rows) >= 1.0
-            want_stop = f >= 1.0 or stop.flag or past_horizon
+            f = fraction()
             want_log = (log_every_s is not None and clock.elapsed() - last_log_t >= log_every_s) or (
                 log_every_steps is not None and progress.step % log_every_steps == 0 and progress.step > 0
             ) or (kind in ("tokens", "flops") and progress.step % 50 == 0 and progress.step > 0)
-            if dist_.world > 1:
-                flags = torch.tensor([float(want_stop), float(want_log), float(stop.flag), float(recorder.lost)],
-                                     device=device)
-                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-                want_stop, want_log, stop.flag = bool(flags[0]), bool(flags[1]), bool(flags[2])
-                recorder.lost = bool(flags[3])
-            if want_log or want_stop:
+            want_read = time.monotonic() - last_read >= settings.read_every
+            want_ckpt = time.monotonic() - last_ckpt_wall >= bud.checkpoint_interval(
+                settings.checkpoint_every, clock.elapsed(), f)
+            # ---- every decision every rank takes alike (a wall-clock fraction differs by a few microseconds
+            # between ranks: the largest is everyone's, for the stop, the evals and the learning rate alike)
+            f, *flags = dist_.agree(f, want_log, want_read, want_ckpt, stop.flag, recorder.lost)
+            want_log, want_read, want_ckpt, stop.flag, recorder.lost = (v > 0 for v in flags)
+            past_horizon = along_horizon is not None and along_horizon(
+                f, progress.step, progress.tokens, progress.samples, progress.rows) >= 1.0
+            want_stop = f >= 1.0 or stop.flag or past_horizon
+            want_eval = progress.next_eval < len(trial.eval.at) and f >= trial.eval.at[progress.next_eval]
+            if want_log or want_stop:  # the interval's losses stay on the device until they are read
+                pending.add(interval_sum, interval_count, f=f, step=progress.step, elapsed_seconds=clock.elapsed(),
+                            tokens=progress.tokens, lr=optimizer.param_groups[0]["lr"])
+                interval_sum.zero_()
+                interval_count.zero_()
+                last_log_t = clock.elapsed()
+            if pending.items and (want_read or want_stop or want_eval or want_ckpt):
                 with clock.paused("bookkeeping"):
-                    s, c = _reduce(interval_sum, interval_count, dist_)
-                    if c > 0:
-                        loss = s / c
-                        if not math.isfinite(loss) or loss > divergence_limit:
-                            status, error = "diverged", f"train loss became {loss:.4g} at step {progress.step}"
-                            break
-                        progress.intervals.append((f, s, c))
-                        recorder.log(step=progress.step, split="train", elapsed_seconds=clock.elapsed(),
-                                     tokens=progress.tokens, loss=loss, lr=optimizer.param_groups[0]["lr"])
-                        bar(f, loss)
-                    interval_sum.zero_()
-                    interval_count.zero_()
-                    last_log_t = clock.elapsed()
-                    if recorder.maybe_flush():
+                    error = _record_losses(pending.read(), progress, recorder, bar, divergence_limit)
+                    if error is None and recorder.maybe_flush():
                         recorder.flush()
+                last_read = time.monotonic()
+                if error is not None:
+                    status = "diverged"
+                    break
             if want_stop:
                 if stop.flag:
                     status = "preempted"
@@ -311,7 +316,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
                     progress.notes["ended_at_horizon"] = {"step": progress.step, "budget_fraction": round(f, 4)}
                 break
             # ---- intermediate evals at budget fractions (clock paused)
-            if progress.next_eval < len(trial.eval.at) and f >= trial.eval.at[progress.next_eval]:
+            if want_eval:
                 with clock.paused("eval"):
                     ev, _ = evaluate(wrapped, prepared.eval, trial, device, dist_, trial.eval.batches, precision)
                     recorder.log(step=progress.step, split="eval", elapsed_seconds=clock.elapsed(),
@@ -319,7 +324,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
                     recorder.flush()
                 progress.next_eval += 1
             # ---- checkpoint on a wall-time interval (clock paused)
-            if time.monotonic() - last_ckpt_wall >= bud.checkpoint_interval(settings.checkpoint_every, clock.elapsed(), f):
+            if want_ckpt:
                 with clock.paused("checkpoint"):
                     _checkpoint(ckpt_path, model, optimizer, scaler, progress, clock, recorder, dist_,
                                 (interval_sum, interval_count), identity)
@@ -420,14 +425,47 @@ def hardware_check(trial: TrialConfig, device: torch.device) -> dict[str, Any]:
     return out
 
 
-def make_optimizer(model: torch.nn.Module, trial: TrialConfig, device: torch.device) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, trial: TrialConfig, device: torch.device,
+                   compiling: bool = False) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on norms, biases or other vectors); fused on CUDA."""
+    if not compiling:
+        _optimizer_without_dynamo()
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": trial.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=trial.lr, betas=tuple(trial.betas), fused=device.type == "cuda",
     )
+
+
+# torch.optim's wrappers import torch._dynamo (and sympy: ~0.7 CPU-s, a fifth of a cold trainer's start-up) for
+# torch.compile's sake: four Optimizer methods at their first call, to build a "do not trace" marker, and step()
+# on every call, to mark a graph break. A trainer that compiles nothing traces none of them, so it skips both
+# (where dynamo is loaded already, as transformers' models load it, nothing is saved). tests/test_train.py checks
+# that the import stays out and that the plain step is the same update, should torch change these wrappers.
+
+
+def _optimizer_without_dynamo() -> None:
+    """Cache each marked method's own function as its marker (`__dynamo_disable`, which torch's wrapper looks up
+    first), so its first call runs it as is."""
+    if "torch._dynamo" in sys.modules:
+        return
+    for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict"):
+        fn = getattr(getattr(torch.optim.Optimizer, name), "__wrapped__", None)
+        if fn is not None and getattr(fn, "__dynamo_disable", None) is None:
+            setattr(fn, "__dynamo_disable", fn)
+
+
+def plain_step(optimizer: torch.optim.Optimizer) -> Callable[[], Any]:
+    """The optimizer's update without torch.optim's step wrappers (the graph break, the profiler's label, step
+    hooks, of which ablate registers none): its step function under no_grad, as the wrapper runs it."""
+    update = inspect.unwrap(type(optimizer).step)
+
+    def step() -> Any:
+        with torch.no_grad():
+            return update(optimizer)
+
+    return step
 
 
 def _shrink(trial: TrialConfig, progress: Progress, optimizer: Any, device: torch.device) -> bool:
@@ -457,12 +495,29 @@ class _null:
         return None
 
 
-def _reduce(loss_sum: torch.Tensor, count: torch.Tensor, dist_: Dist) -> tuple[float, float]:
-    both = torch.stack([loss_sum.float(), count.float()])
-    if dist_.world > 1:
-        dist.all_reduce(both)
-    s, c = both.tolist()
-    return s, c
+def _to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch on the device; to a GPU from pinned memory, so the copy is asynchronous (from pageable memory
+    the host waits for it)."""
+    if device.type == "cuda":
+        batch = batch.pin_memory()
+    return batch.to(device, non_blocking=True)
+
+
+def _record_losses(points: list[tuple[dict[str, Any], float, float]], progress: Progress, recorder: Recorder,
+                   bar: Any, divergence_limit: float) -> str | None:
+    """Record train-loss points read from the device, oldest first; the divergence error at the first loss that
+    is not finite or is past the limit (the points after it are dropped), else None."""
+    for point, s, c in points:
+        if c <= 0:
+            continue
+        loss = s / c
+        if not math.isfinite(loss) or loss > divergence_limit:
+            return f"train loss became {loss:.4g} at step {point['step']}"
+        f = point.pop("f")
+        progress.intervals.append((f, s, c))
+        recorder.log(split="train", loss=loss, **point)
+        bar(f, loss)
+    return None
 
 
 def _final_train_loss(intervals: list[tuple[float, float, float]], tail: float = 0.1) -> float | None:
@@ -513,7 +568,7 @@ def evaluate(objective: torch.nn.Module, rows: Any, trial: TrialConfig, device: 
     for idx in shards[dist_.rank:: dist_.world]:
         ids, labels = rows.batch(idx)
         with _autocast(device, precision):
-            s, c, _, correct = objective(ids.to(device), labels.to(device))
+            s, c, _, correct = objective(_to_device(ids, device), _to_device(labels, device))
         total[0] += s.double()
         total[1] += c.double()
         if correct is not None:
@@ -622,7 +677,8 @@ def _init_dist() -> Dist:
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)
-    return Dist(rank=rank, world=world, local_rank=local)
+    # the loop's per-step decisions go over gloo as host values, beside NCCL's device tensors (on CPU too: one path)
+    return Dist(rank=rank, world=world, local_rank=local, control=dist.new_group(backend="gloo"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -697,4 +753,10 @@ def _claim(engine: Any, run: db.Run, dist_: Dist) -> str | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    db.close_engines()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # the interpreter's teardown (unloading torch and the rest: ~0.8 CPU-s a trial) does nothing a trainer needs:
+    # its rows are written, its files and engines closed; it leaves as a child of the warm helper does
+    os._exit(code)
