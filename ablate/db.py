@@ -135,6 +135,8 @@ class Metric(Base):
         sa.UniqueConstraint("run_id", "split", "step", name="uq_metrics_run_split_step"),  # also serves run_id alone
         sa.Index("ix_metrics_eval", "run_id", "step", sqlite_where=sa.text("split = 'eval'"),
                  postgresql_where=sa.text("split = 'eval'")),  # eval curves without scanning train points
+        sa.Index("ix_metrics_eval_point", "eval_point", sqlite_where=sa.text("split = 'eval'"),
+                 postgresql_where=sa.text("split = 'eval'")),  # "the loss at 50%" of every run (eval_curve)
     )
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"))
@@ -363,7 +365,7 @@ def _alembic_config(engine: sa.Engine):
     return cfg
 
 
-SCHEMA_HEAD = "0008"  # the newest migration (a test checks it against Alembic's head)
+SCHEMA_HEAD = "0009"  # the newest migration (a test checks it against Alembic's head)
 
 
 def stored_revision(engine: sa.Engine) -> str | None:
