@@ -304,11 +304,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.sweep_command == "run":
         return _sweep_run(args)
     if args.sweep_command == "status":  # reading: never creates or migrates a database
-        rows = runner.status_rows(db.reader(args.db), args.name)
+        engine = db.reader(args.db)
         if (args.format or ("table" if console.is_terminal else "csv")) == "csv":
-            print_status_csv(rows)
-        else:
-            console.print(runs_table(rows, title=f"sweep {args.name}", limit=None if args.all else STATUS_ROWS))
+            print_status_csv(runner.status_rows(engine, args.name))
+        elif args.all:
+            console.print(runs_table(runner.status_rows(engine, args.name), title=f"sweep {args.name}", limit=None))
+        else:  # the rows it shows and the counts: not every run of a 100,000-run sweep
+            rows, counts = runner.status_view(engine, args.name, STATUS_ROWS)
+            console.print(runs_table(rows, title=f"sweep {args.name}", counts=counts))
         return 0
     if args.sweep_command == "cancel":
         waiting, stopping, left = runner.cancel(db.connect(args.db), args.name)
@@ -375,10 +378,11 @@ def _status_cells(r: Any) -> dict[str, Any]:
             "reason": _reason(r)}
 
 
-def shown_runs(rows: Sequence[Any], limit: int = STATUS_ROWS) -> list[Any]:
+def shown_runs(rows: Sequence[Any], limit: int = STATUS_ROWS, total: int | None = None) -> list[Any]:
     """At most `limit` rows, in trial order: every unfinished run that is not waiting (running, failed ...),
-    then the latest finished, then the next waiting ones."""
-    if len(rows) <= limit:
+    then the latest finished, then the next waiting ones (`total`: the sweep's runs, where `rows` holds only
+    those candidates, runner.status_view)."""
+    if (len(rows) if total is None else total) <= limit:
         return list(rows)
     import datetime as dt
 
@@ -391,16 +395,20 @@ def shown_runs(rows: Sequence[Any], limit: int = STATUS_ROWS) -> list[Any]:
     return [r for r in rows if r.id in keep]
 
 
-def runs_table(rows: Sequence[Any], title: str = "", limit: int | None = STATUS_ROWS) -> Table:
+def runs_table(rows: Sequence[Any], title: str = "", limit: int | None = STATUS_ROWS,
+               counts: dict[str, int] | None = None) -> Table:
     """One row per run (at most `limit`, None: all): axes, status, progress through the budget, the latest losses
-    and the reason of a failure, from run-row columns only; a caption counts the runs by status."""
-    shown = shown_runs(rows, limit) if limit else list(rows)
-    counts: dict[str, int] = defaultdict(int)
-    for r in rows:
-        counts[r.status] += 1
+    and the reason of a failure, from run-row columns only; a caption counts the runs by status (`counts`: the
+    sweep's, where `rows` are only the candidates to show)."""
+    if counts is None:
+        counts = defaultdict(int)
+        for r in rows:
+            counts[r.status] += 1
+    total = sum(counts.values())
+    shown = shown_runs(rows, limit, total) if limit else list(rows)
     caption = ", ".join(f"{n:,} {status}" for status, n in sorted(counts.items()))
-    if len(shown) < len(rows):
-        caption = (f"showing {len(shown):,} of {len(rows):,} runs (unfinished, the latest finished, the next pending); "
+    if len(shown) < total:
+        caption = (f"showing {len(shown):,} of {total:,} runs (unfinished, the latest finished, the next pending); "
                    f"{caption}; --all for every run, --format csv for a file")
     table = Table(title=title, title_justify="left", caption=caption or None, caption_justify="left")
     styles = {"completed": "green", "running": "cyan", "oom": "yellow", "diverged": "yellow",
@@ -464,9 +472,9 @@ def _sweep_run(args: argparse.Namespace) -> int:
     done = threading.Event()
 
     def render() -> Table:
-        rows = runner.status_rows(engine, spec.name)
-        finished = sum(r.status in db.FINISHED for r in rows)
-        return runs_table(rows, title=f"sweep {spec.name}: {finished}/{len(rows)} finished")
+        rows, counts = runner.status_view(engine, spec.name, STATUS_ROWS)
+        finished = sum(n for status, n in counts.items() if status in db.FINISHED)
+        return runs_table(rows, title=f"sweep {spec.name}: {finished}/{sum(counts.values())} finished", counts=counts)
 
     result: dict[str, Any] = {}
 

@@ -418,6 +418,24 @@ def status_rows(engine: sa.Engine, name: str) -> list[sa.Row]:
                                  .where(db.Run.sweep_id == sid).order_by(db.Run.trial_index)))
 
 
+def status_view(engine: sa.Engine, name: str, limit: int) -> tuple[list[sa.Row], dict[str, int]]:
+    """What a status table of at most `limit` rows needs, without reading every run of a big sweep: the sweep's
+    counts by status, and, in trial order, the first `limit` unfinished runs that are not waiting, the latest
+    `limit` finished ones and the next `limit` waiting ones (cli.shown_runs picks from these)."""
+    counts = status_counts(engine, name)
+    if sum(counts.values()) <= limit:
+        return status_rows(engine, name), counts
+    sid = sweep_id(engine, name)
+    base = sa.select(*(getattr(db.Run, c) for c in STATUS_COLUMNS)).where(db.Run.sweep_id == sid)
+    finished = db.Run.status.in_(db.FINISHED)
+    parts = (base.where(db.Run.status != "pending", ~finished).order_by(db.Run.trial_index),
+             base.where(finished).order_by(db.Run.finished_at.is_(None), db.Run.finished_at.desc(), db.Run.id.desc()),
+             base.where(db.Run.status == "pending").order_by(db.Run.trial_index))
+    with engine.connect() as conn:
+        rows = {r.id: r for part in parts for r in conn.execute(part.limit(limit))}
+    return sorted(rows.values(), key=lambda r: r.trial_index), counts
+
+
 def status_counts(engine: sa.Engine, name: str) -> dict[str, int]:
     """How many of the sweep's runs are in each status."""
     sid = sweep_id(engine, name)

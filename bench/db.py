@@ -1,6 +1,6 @@
 """The results database at scale: plan, register, fill, status, report and the runner's imports, measured.
 
-    python -m bench.db [--runs 10000] [--points 200] [--backends sqlite,postgresql] [--out bench/db-results.md]
+    python -m bench.db [--runs 10000] [--points 200] [--backends sqlite,postgresql] [--out bench/db-results.md] [--keep]
 
 Builds a synthetic sweep of `--runs` trials through the project's own API (a spec file, `runner.register`,
 then per run the trainer's own writes: `db.write_metrics` of `--points` points, 10% of them eval, and
@@ -54,8 +54,11 @@ else:
     from ablate.cli import main
     rc = main(sys.argv[2:])
 r = resource.getrusage(resource.RUSAGE_SELF)
+# peak RSS of this program: VmHWM starts afresh at exec (ru_maxrss keeps the forking bench's own peak)
+hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")]
+rss_mb = int(hwm[0].split()[1]) / 1024 if hwm else r.ru_maxrss / 1024
 print("MEASURED " + json.dumps({"rc": rc, "cpu": r.ru_utime + r.ru_stime, "wall": time.perf_counter() - t0,
-      "rss_mb": r.ru_maxrss / 1024, "torch": "torch" in sys.modules}), file=sys.stderr)
+      "rss_mb": rss_mb, "torch": "torch" in sys.modules}), file=sys.stderr)
 """
 
 
@@ -114,7 +117,7 @@ def fill(url: str, ids: list[int], points: int) -> float:
     return time.perf_counter() - t0
 
 
-def bench_backend(backend: str, runs: int, points: int, work: Path) -> dict[str, dict]:
+def bench_backend(backend: str, runs: int, points: int, work: Path, keep: bool = False) -> dict[str, dict]:
     import sqlalchemy as sa
 
     from ablate import db, runner
@@ -148,7 +151,9 @@ def bench_backend(backend: str, runs: int, points: int, work: Path) -> dict[str,
                                 cwd=work)
         return out
     finally:
-        if admin is not None:
+        if keep:
+            print(f"{backend}: kept {url}", flush=True)
+        elif admin is not None:
             db._ENGINES.pop(url, None)
             with admin.connect() as conn:
                 conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)'))
@@ -182,6 +187,7 @@ def main() -> None:
     p.add_argument("--points", type=int, default=200)
     p.add_argument("--backends", default="sqlite,postgresql")
     p.add_argument("--out", default=None, help="also write the table (markdown) here")
+    p.add_argument("--keep", action="store_true", help="keep the filled databases (to profile a command on them)")
     args = p.parse_args()
     repo = Path(__file__).resolve().parent.parent
     work = Path(tempfile.mkdtemp(prefix="ablate-bench-db-"))
@@ -191,7 +197,7 @@ def main() -> None:
              "runner imports": measure("imports", cwd=work)}
     results = {}
     for backend in args.backends.split(","):
-        results[backend] = dict(front, **bench_backend(backend, args.runs, args.points, work))
+        results[backend] = dict(front, **bench_backend(backend, args.runs, args.points, work, args.keep))
     text = table(results, args.runs, args.points)
     print(text)
     print(json.dumps(results, indent=1, default=str))

@@ -19,14 +19,14 @@ REPO = Path(__file__).resolve().parent.parent
 EVAL_POINTS = 4
 
 
-def fake_sweep(tmp: Path, name: str, grid: list[dict], points: int = 20) -> tuple[str, list[int]]:
+def fake_sweep(tmp: Path, name: str, grid: list[dict], points: int = 20, url: str | None = None) -> tuple[str, list[int]]:
     """A sweep registered from YAML whose runs all completed with `points` logged points each (no training):
     a run's losses follow its id and seed, so configurations differ and each has a band over its seeds."""
     data = yaml.safe_load((REPO / "sweeps" / "smoke.yaml").read_text())
     data.update(name=name, grid=grid)
     (tmp / f"{name}.yaml").write_text(yaml.safe_dump(data))
     spec, trials = load_trials(tmp / f"{name}.yaml")
-    url = f"sqlite:///{tmp / f'{name}.db'}"
+    url = url or f"sqlite:///{tmp / f'{name}.db'}"
     engine = db.connect(url)
     _, ids = db.register_sweep(engine, spec, trials)
     train_points = points - EVAL_POINTS
@@ -150,3 +150,18 @@ def test_report_cost_does_not_grow_per_run_in_label_scans_or_queries(tmp_path, m
     tables = 2
     assert small[1] == large[1] <= 2 * tables + 1  # a table's columns, its figure's labels (+ the completions)
     assert small[2] == large[2]  # the same statements at 4x the runs: no query per run
+
+
+def test_postgresql_writes_the_points_csv_itself_with_the_same_values_as_python(tmp_path, postgres_url):
+    # on PostgreSQL the server writes every point (COPY); on SQLite Python's csv writer: the same file, read back
+    tables = {}
+    for engine_name, url in (("sqlite", None), ("postgresql", postgres_url)):
+        folder = tmp_path / engine_name
+        folder.mkdir()
+        url, _ = fake_sweep(folder, "pts", grid([32, 64], [1e-3, 2e-3], 3), points=12, url=url)
+        out = build_report("pts", url, folder / "out", formats=("md", "csv"))
+        rows = list(csv.DictReader((out.out / "curves-architecture-mixer.csv").open()))
+        tables[engine_name] = [{k: (float(v) if k in ("elapsed_seconds", "loss") else v) for k, v in r.items()}
+                               for r in rows]
+    assert len(tables["sqlite"]) == 12 * 12 and tables["postgresql"] == tables["sqlite"]
+    assert tables["postgresql"][0]["configuration"].count(",") >= 1  # a quoted label with commas came through whole

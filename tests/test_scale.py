@@ -136,6 +136,11 @@ def test_a_big_status_table_shows_the_unfinished_and_latest_runs_and_counts_the_
     assert set(ids[:100]) <= set(shown)  # finished ones before waiting ones
     assert f"showing {STATUS_ROWS} of {len(ids)} runs" in table.caption and "100 completed" in table.caption
     assert len(runs_table(rows, limit=None).rows) == len(ids)
+    # `sweep status` reads only the candidates (at most 3 x STATUS_ROWS rows, however big the sweep): the same table
+    few, counts = runner.status_view(engine, "big", STATUS_ROWS)
+    assert len(few) < len(ids) and counts == {"completed": 100, "oom": 1, "running": 1, "failed": 1, "pending": 247}
+    again = runs_table(few, counts=counts)
+    assert [c._cells for c in again.columns] == [c._cells for c in table.columns] and again.caption == table.caption
     reason = table.columns[-1]._cells[shown.index(ids[-2])]
     assert reason == "trainer exited with code 1:"
     out = io.StringIO()
