@@ -36,6 +36,7 @@ class RunView:
     axes: dict[str, Any]
     reference: Reference | None
     trial: TrialConfig | None = None
+    sweep: str = ""  # the sweep's name
 
     def cell(self, key: str) -> Any:
         return self.axes.get(key)
@@ -87,7 +88,7 @@ def load_views(engine: sa.Engine, sweep: str) -> tuple[SweepSpec, list[RunView]]
         trial = TrialConfig.model_validate(r.config)
         matching = [ref for ref in spec.reference if ref.matches(trial)]
         ref = max(matching, key=lambda x: len(x.match)) if matching else None
-        views.append(RunView(row=r, axes=trial.axes(), reference=ref, trial=trial))
+        views.append(RunView(row=r, axes=trial.axes(), reference=ref, trial=trial, sweep=sweep))
     return spec, views
 
 
@@ -364,58 +365,84 @@ def metric_points(engine: sa.Engine, run_ids: list[int]) -> Iterator[Any]:
 
 
 POINT_COLUMNS = ("run_id", "configuration", "seed", "split", "step", "elapsed_seconds", "tokens", "loss")
-COPY_CHUNK = 10_000  # runs per COPY statement of their points (PostgreSQL)
-# the points of a chunk of runs, each with its configuration and seed, as CSV written by the server; the merge join
-# walks uq_metrics_run_split_step, so the rows arrive in its order without a sort
-COPY_POINTS = ("COPY (SELECT m.run_id, c.configuration, c.seed, m.split, m.step, m.elapsed_seconds, m.tokens, m.loss "
-               "FROM metrics m JOIN unnest(%s::bigint[], %s::text[], %s::bigint[]) AS c(run_id, configuration, seed) "
-               "ON c.run_id = m.run_id WHERE m.run_id = ANY(%s::bigint[]) ORDER BY m.run_id, m.split, m.step) "
-               "TO STDOUT (FORMAT csv)")
+AGGREGATE_CHUNK = 2_000  # runs per query of their points as text (PostgreSQL): ~25 MB of text at 200 points a run
+# each run's points as its CSV lines (split,step,elapsed_seconds,tokens,loss), joined by the server; concat writes
+# a NULL as nothing and a float as PostgreSQL prints it (the shortest text that reads back the same double)
+POINTS_AS_TEXT = ("SELECT m.run_id, string_agg(concat(m.split, ',', m.step, ',', m.elapsed_seconds, ',', m.tokens, ',', "
+                  "m.loss), E'\\n' ORDER BY m.split, m.step) FROM metrics m WHERE m.run_id = ANY(%s) GROUP BY m.run_id "
+                  "ORDER BY m.run_id")
 
 
 def write_curve_points(engine: sa.Engine, plan: CurvePlan, path: Path) -> None:
     """Every point of every run of a figure's table, drawn or not: the data behind an aggregate figure.
 
-    On PostgreSQL the server writes the CSV (COPY) and the client only streams its bytes: 20 million points cost
-    ~0.5 µs each instead of ~3 (Python's csv writer, kept for SQLite). The same values; PostgreSQL spells a whole
-    float without ".0" and NaN as NaN."""
-    run = {r.row.id: (plan.configuration[r.row.id], r.axes.get("seed")) for r in plan.runs}
-    if engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg":
-        with path.open("wb") as f:
-            f.write((",".join(POINT_COLUMNS) + "\n").encode())
-            _copy_points(engine, run, f)
-        return
+    On PostgreSQL the server writes each run's lines (one text value per run) and Python puts the run's columns in
+    front of each: 20 million points cost ~0.1 µs each on the client instead of ~3 with Python's csv writer (kept
+    for SQLite). The same values; PostgreSQL spells a whole float without ".0" and NaN as NaN."""
     import csv
 
+    run = {r.row.id: (plan.configuration[r.row.id], r.axes.get("seed")) for r in plan.runs}
     with path.open("w", newline="") as f:
         out = csv.writer(f, lineterminator="\n")
         out.writerow(POINT_COLUMNS)
+        if engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg":
+            _write_points_as_text(engine, run, f)
+            return
         # by position, not name: a million points write in half the time
         out.writerows((p[0], *run[p[0]], *p[1:]) for p in metric_points(engine, list(run)))
 
 
-def _copy_points(engine: sa.Engine, run: dict[int, tuple[str, Any]], out: Any) -> None:
+def _write_points_as_text(engine: sa.Engine, run: dict[int, tuple[str, Any]], f: Any) -> None:
+    import csv
+
+    prefix = io.StringIO()
+    quoted = csv.writer(prefix, lineterminator="")
     ids = sorted(run)
     with engine.connect() as conn:
-        conn.exec_driver_sql("SET LOCAL jit = off")  # compiling each COPY's plan costs more than it saves
+        conn.exec_driver_sql("SET LOCAL jit = off")  # compiling each query's plan costs more than it saves
         with conn.connection.driver_connection.cursor() as cursor:
-            for start in range(0, len(ids), COPY_CHUNK):
-                chunk = ids[start:start + COPY_CHUNK]
-                labels, seeds = [run[i][0] for i in chunk], [run[i][1] for i in chunk]
-                with cursor.copy(COPY_POINTS, (chunk, labels, seeds, chunk)) as copy:
-                    out.writelines(copy)
+            for start in range(0, len(ids), AGGREGATE_CHUNK):
+                # not prepared: from its 6th run psycopg would prepare it, and PostgreSQL's generic plan for an array
+                # of unknown length scans every point (21 s instead of 0.2 for the last chunk of 100,000 runs)
+                chunk = ids[start:start + AGGREGATE_CHUNK]
+                for run_id, lines in cursor.execute(POINTS_AS_TEXT, (chunk,), prepare=False).fetchall():
+                    prefix.seek(0)
+                    prefix.truncate()
+                    quoted.writerow((run_id, *run[run_id], ""))  # "id,configuration,seed," quoted as csv would
+                    head = prefix.getvalue()
+                    f.write(head + lines.replace("\n", "\n" + head) + "\n")
         conn.rollback()
 
 
-def _seed_band(series: list[list[tuple[float, float]]]) -> list[tuple[float, float, float, float]]:
+X_COLUMN = {"hours": 0, "tokens": 1, "steps": 2}  # of a run's points array: elapsed_seconds, tokens, step, loss
+
+
+def run_points(engine: sa.Engine, run_ids: list[int]) -> dict[tuple[int, str], Any]:
+    """Each run's points of each split, in step order, as an array of rows (elapsed_seconds, tokens, step, loss)."""
+    import numpy as np
+
+    grouped: dict[tuple[int, str], list[tuple[Any, ...]]] = {}
+    for p in metric_points(engine, run_ids):  # (run_id, split, step, elapsed_seconds, tokens, loss)
+        grouped.setdefault((p[0], p[1]), []).append((p[3], p[4], p[2], p[5]))
+    return {key: np.array(rows, dtype=float) for key, rows in grouped.items()}
+
+
+def _seed_band(series: list[Any]) -> tuple[Any, Any, Any, Any]:
     """(x, mean, min, max) of the k-th logged point over the seeds that reached it (seeds log at the same
-    fractions of the budget, so their k-th points line up)."""
-    band = []
-    for k in range(max(map(len, series), default=0)):
-        xs = [s[k][0] for s in series if len(s) > k]
-        ys = [s[k][1] for s in series if len(s) > k]
-        band.append((statistics.fmean(xs), statistics.fmean(ys), min(ys), max(ys)))
-    return band
+    fractions of the budget, so their k-th points line up); `series`: one (n, 2) array of (x, loss) per seed."""
+    import numpy as np
+
+    longest = max((len(s) for s in series), default=0)
+    values = np.zeros((len(series), longest, 2))
+    reached = np.zeros((len(series), longest), dtype=bool)
+    for i, s in enumerate(series):
+        values[i, :len(s)] = s
+        reached[i, :len(s)] = True
+    count = reached.sum(axis=0)
+    mean = np.where(reached[..., None], values, 0.0).sum(axis=0) / count[:, None]  # a NaN loss stays NaN, as in fmean
+    loss = values[..., 1]
+    return (mean[:, 0], mean[:, 1], np.where(reached, loss, np.inf).min(axis=0),
+            np.where(reached, loss, -np.inf).max(axis=0))
 
 
 def draw_curves(engine: sa.Engine, table: Table, x_axes: tuple[str, ...] = ("hours", "tokens"),
@@ -423,30 +450,29 @@ def draw_curves(engine: sa.Engine, table: Table, x_axes: tuple[str, ...] = ("hou
     """One figure per table: rows train / eval loss, columns the x axes; each panel draws the plan's curves
     (one line per run in a table of up to MAX_CURVES runs)."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     plan = plan or plan_curves(table)
-    points: dict[tuple[int, str], list[Any]] = {}
-    for p in metric_points(engine, [r.row.id for c in plan.curves for r in c.runs]):
-        points.setdefault((p.run_id, p.split), []).append(p)
+    points = run_points(engine, [r.row.id for c in plan.curves for r in c.runs])
+    none = np.empty((0, 4))
     fig, axes = plt.subplots(2, len(x_axes), figsize=(5.5 * len(x_axes), 7.5), squeeze=False, sharey="row")
-    longest = max((p.elapsed_seconds for pts in points.values() for p in pts), default=0.0)
+    longest = max((float(np.nanmax(pts[:, 0])) for pts in points.values() if len(pts)), default=0.0)
     unit, per = time_unit(longest)
     for i, split in enumerate(("train", "eval")):
         for j, x in enumerate(x_axes):
             ax = axes[i][j]
+            scale = per if x == "hours" else 1.0
             for curve in plan.curves:
-                series = [[(p.elapsed_seconds / per if x == "hours" else _x(p, x), p.loss)
-                           for p in points.get((r.row.id, split), [])] for r in curve.runs]
+                series = [points.get((r.row.id, split), none)[:, [X_COLUMN[x], 3]] / (scale, 1.0) for r in curve.runs]
                 style = dict(marker="o" if split == "eval" else None, markersize=3, linewidth=1.4, label=curve.label,
                              gid=f"{curve.gid}-{split}-{x}")
                 if not plan.is_aggregate:
-                    ax.plot([p[0] for p in series[0]], [p[1] for p in series[0]], **style)
+                    ax.plot(series[0][:, 0], series[0][:, 1], **style)
                     continue
-                band = _seed_band(series)
-                xs, mean, low, high = ([b[c] for b in band] for c in range(4))
+                xs, mean, low, high = _seed_band(series)
                 (line,) = ax.plot(xs, mean, **style)
                 ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
             ax.set_xlabel({"hours": f"training wall clock ({unit})", "tokens": "tokens seen", "steps": "steps"}[x])
@@ -467,10 +493,6 @@ def time_unit(longest_seconds: float) -> tuple[str, float]:
     if longest_seconds >= 600:
         return "minutes", 60.0
     return "seconds", 1.0
-
-
-def _x(point: Any, axis: str) -> float:
-    return {"hours": point.elapsed_seconds / 3600, "tokens": point.tokens, "steps": point.step}[axis]
 
 
 # ---------------------------------------------------------------- output
@@ -621,7 +643,10 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
 
         import pandas as pd
 
-        results.to_csv(pd.concat([results.runs(name, url) for name in sweeps]), out / "runs.csv")
+        by_sweep: dict[str, list[Any]] = {name: [] for name in sweeps}
+        for v in views:
+            by_sweep[v.sweep].append(v.row)
+        results.to_csv(pd.concat([results.runs_of(rows, name) for name, rows in by_sweep.items()]), out / "runs.csv")
         files.append(out / "runs.csv")
     return Report(sweep=spec.name, tables=tables, figures=figures, out=out, files=files, orderings=orderings)
 

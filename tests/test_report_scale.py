@@ -165,3 +165,21 @@ def test_postgresql_writes_the_points_csv_itself_with_the_same_values_as_python(
                                for r in rows]
     assert len(tables["sqlite"]) == 12 * 12 and tables["postgresql"] == tables["sqlite"]
     assert tables["postgresql"][0]["configuration"].count(",") >= 1  # a quoted label with commas came through whole
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_the_reports_runs_csv_from_its_loaded_runs_is_the_csv_results_runs_writes(tmp_path, backend, request):
+    # the report writes runs.csv from the runs it loaded, instead of reading them all again: the same bytes
+    from ablate import results
+
+    url = request.getfixturevalue(f"{backend}_url") if backend == "postgres" else None
+    url, ids = fake_sweep(tmp_path, "same", grid([32, 64], [1e-3], 2), points=12, url=url)
+    engine = db.connect(url)
+    db.update_run(engine, ids[0], notes={"meters": {"eval": 1.5}, "oom_shrink": [{"step": 3}]}, status="oom",
+                  error="out of memory, \"quoted\"\nsecond line", finished_at=None)
+    _, views = load_views(db.reader(url), "same")
+    read, loaded = tmp_path / "read.csv", tmp_path / "loaded.csv"
+    results.to_csv(results.runs("same", url), read)
+    results.to_csv(results.runs_of([v.row for v in views], "same"), loaded)
+    assert loaded.read_bytes() == read.read_bytes()
+    assert len(read.read_text().splitlines()) > len(ids)  # a quoted error spans two lines
