@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
@@ -229,8 +230,6 @@ def make_engine(url: str | None = None, read_only: bool = False) -> sa.Engine:
 def _json_loads(text: str | bytes) -> Any:
     """A JSON column's value (each run's config, options and notes) with orjson: a fifth of Python's json's CPU over
     100,000 runs. What orjson refuses (NaN, which Python's json.dumps writes) is read by Python's json."""
-    import orjson
-
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:

@@ -340,6 +340,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
                 if _shrink(trial, progress, optimizer, device):
                     continue
                 clock.stop()
+                _record_losses(pending.read(), progress, recorder, bar, divergence_limit)  # the curve up to the OOM
                 return _finish_oom(recorder, trial, progress, clock, device, exc, time.perf_counter() - t_start, params)
             interval_sum += s
             interval_count += c
@@ -441,7 +442,7 @@ def make_optimizer(model: torch.nn.Module, trial: TrialConfig, device: torch.dev
 # torch.optim's wrappers import torch._dynamo (and sympy: ~0.7 CPU-s, a fifth of a cold trainer's start-up) for
 # torch.compile's sake: four Optimizer methods at their first call, to build a "do not trace" marker, and step()
 # on every call, to mark a graph break. A trainer that compiles nothing traces none of them, so it skips both
-# (where dynamo is loaded already, as transformers' models load it, nothing is saved). tests/test_train.py checks
+# (where dynamo is loaded already, as transformers' models load it, nothing is saved). tests/test_train_cost.py checks
 # that the import stays out and that the plain step is the same update, should torch change these wrappers.
 
 

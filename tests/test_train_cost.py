@@ -92,3 +92,24 @@ def test_losses_logged_every_step_are_read_from_the_device_together(tmp_path, sq
     assert [s for s, _, _ in deferred] == list(range(1, 41))
     assert deferred == at_once  # one thread, one seed: the same arithmetic
     assert db.get_run(db.connect(sqlite_url), run_id).final_train_loss == db.get_run(db.connect(url2), run2).final_train_loss
+
+
+def test_a_run_that_runs_out_of_memory_mid_training_keeps_the_points_not_yet_read(tmp_path, sqlite_url, monkeypatch):
+    # OOM is a result (the studies' OOM cells): its curve up to the OOM is recorded, not left unread on the device
+    from ablate import train as train_mod
+    from ablate.runstate import SimulatedOOM
+
+    calls = {"n": 0}
+
+    def oom_at_step_15(device, cap_mb):  # 2 warm-up steps, then 15 training steps (before the eval at 50%), then OOM
+        calls["n"] += 1
+        if calls["n"] > 17:
+            raise SimulatedOOM("peak memory past the cap")
+
+    monkeypatch.setattr(train_mod, "check_memory", oom_at_step_15)
+    trial = make_trial(budget={"steps": 40})
+    run_id = registered(sqlite_url, trial)
+    out = train(trial, Settings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False,
+                                threads=1, read_every=1e9))
+    assert out["status"] == "oom" and out["steps"] == 15
+    assert [r.step for r in metric_rows(sqlite_url, run_id, "train")] == list(range(1, 16))
