@@ -124,7 +124,7 @@ def schedule_position(trial: Any) -> Callable[[float, int, int, int, int | None]
     step, tokens, samples, rows): the fraction of its `horizon` (steps, tokens or epochs), else of its budget."""
     h = trial.horizon
     if h is not None and h.tokens is not None:
-        from ablate.spec import parse_count
+        from ablate.config import parse_count
 
         horizon_tokens = parse_count(h.tokens)
 

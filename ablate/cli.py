@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ablate.errors import AblateError
+from ablate.config.errors import AblateError
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True, highlight=False)
@@ -103,7 +103,7 @@ def objective_label(objective: str, options: dict | None) -> str:
 
 @command("plan")
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ablate.spec import describe_recipe, load_trials, reference_for
+    from ablate.config import describe_recipe, load_trials, reference_for
 
     spec, trials = load_trials(args.spec, max_trials=args.max_trials, overrides=_overrides(args))
     table = Table(title=f"sweep {spec.name}: {spec.description}".rstrip(": "), title_justify="left")
@@ -189,7 +189,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     max_bytes = int(_sql_limit(args.max_bytes, "--max-bytes", "ABLATE_SQL_MAX_BYTES", DEFAULT_MAX_BYTES, int))
     columns, rows = read_only_query(args.query, args.db, max_rows=max_rows, timeout_seconds=timeout,
                                     max_bytes=max_bytes)
-    from ablate import readlogin
+    from ablate.store import readlogin
 
     note = readlogin.advice(args.db)
     if note:
@@ -242,21 +242,21 @@ def print_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str) 
 
 @command("db")
 def cmd_db(args: argparse.Namespace) -> int:
-    from ablate import db
+    from ablate import store
 
     # `current` only reads: it never creates the database
-    engine = db.connect(args.db, upgrade=False) if args.db_command == "upgrade" else db.make_engine(args.db, read_only=True)
-    before = db.current_revision(engine)
+    engine = store.connect(args.db, upgrade=False) if args.db_command == "upgrade" else store.make_engine(args.db, read_only=True)
+    before = store.current_revision(engine)
     if args.db_command == "upgrade":
-        after = db.upgrade_schema(engine)
-        console.print(f"{db._describe(str(engine.url))}: schema {before or 'empty'} -> {after}")
-        from ablate import readlogin
+        after = store.upgrade_schema(engine)
+        console.print(f"{store.describe_url(str(engine.url))}: schema {before or 'empty'} -> {after}")
+        from ablate.store import readlogin
 
         said = readlogin.ensure_login(engine)
         if said:
             console.print(said, highlight=False)
     else:
-        console.print(f"{db._describe(str(engine.url))}: schema {before or 'empty'} (newest {db.head_revision(engine)})")
+        console.print(f"{store.describe_url(str(engine.url))}: schema {before or 'empty'} (newest {store.head_revision(engine)})")
     return 0
 
 
@@ -281,10 +281,10 @@ def cmd_models(args: argparse.Namespace) -> int:
     table.add_column("name")
     table.add_column("what")
     table.add_column("options (default)")
-    for name in models.FAMILIES:
+    for name, family in models.families().items():
         cls = models.options_model(name)
         opts = ", ".join(f"{k}={f.default!r}" for k, f in cls.model_fields.items())
-        table.add_row(name, models.DESCRIPTIONS.get(name, ""), opts)
+        table.add_row(name, family.description, opts)
     console.print(table)
     return 0
 
@@ -294,7 +294,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 @command("sweep")
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from ablate import db, runner
+    from ablate import runner, store
 
     if args.sweep_command == "register":
         spec, sweep_id, ids = runner.register(args.spec, args.db, max_trials=args.max_trials, say=console.print,
@@ -304,7 +304,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.sweep_command == "run":
         return _sweep_run(args)
     if args.sweep_command == "status":  # reading: never creates or migrates a database
-        engine = db.reader(args.db)
+        engine = store.reader(args.db)
         if (args.format or ("table" if console.is_terminal else "csv")) == "csv":
             print_status_csv(runner.status_rows(engine, args.name))
         elif args.all:
@@ -314,7 +314,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             console.print(runs_table(rows, title=f"sweep {args.name}", counts=counts))
         return 0
     if args.sweep_command == "cancel":
-        waiting, stopping, left = runner.cancel(db.connect(args.db), args.name)
+        waiting, stopping, left = runner.cancel(store.connect(args.db), args.name)
         console.print(f"sweep {args.name}: {waiting} waiting runs cancelled, {stopping} running runs cancelled "
                       f"(their trainers checkpoint and stop, on any host)")
         if left:
@@ -350,21 +350,21 @@ def _reason(r: Any) -> str:
 
 
 def _trainer_running(r: Any) -> bool:
-    from ablate import db
+    from ablate import store
 
-    return hasattr(r, "pid") and db.trainer_running(r)
+    return hasattr(r, "pid") and store.trainer_running(r)
 
 
 def _stale(r: Any) -> bool:
-    from ablate import db
+    from ablate import store
 
-    return hasattr(r, "heartbeat_at") and not db.is_live(r)
+    return hasattr(r, "heartbeat_at") and not store.is_live(r)
 
 
 def _utcnow() -> Any:
-    from ablate import db
+    from ablate import store
 
-    return db.utcnow()
+    return store.utcnow()
 
 
 def _status_cells(r: Any) -> dict[str, Any]:
@@ -386,11 +386,11 @@ def shown_runs(rows: Sequence[Any], limit: int = STATUS_ROWS, total: int | None 
         return list(rows)
     import datetime as dt
 
-    from ablate import db
+    from ablate import store
 
     waiting = [r for r in rows if r.status == "pending"]
-    done = sorted((r for r in rows if r.status in db.FINISHED), key=lambda r: (r.finished_at is not None, r.finished_at or dt.datetime.min, r.id), reverse=True)
-    active = [r for r in rows if r.status != "pending" and r.status not in db.FINISHED]
+    done = sorted((r for r in rows if r.status in store.FINISHED), key=lambda r: (r.finished_at is not None, r.finished_at or dt.datetime.min, r.id), reverse=True)
+    active = [r for r in rows if r.status != "pending" and r.status not in store.FINISHED]
     keep = {r.id for r in (active + done + waiting)[:limit]}
     return [r for r in rows if r.id in keep]
 
@@ -454,18 +454,18 @@ def _sweep_run(args: argparse.Namespace) -> int:
     os.environ.setdefault("DO_NOT_TRACK", "1")  # nor from the client, whose first-run notice would print over the table
     # the local API is a subprocess that must start within this; Prefect's 20 s expired on a loaded host
     os.environ.setdefault(PREFECT_START_TIMEOUT, str(PREFECT_START_SECONDS))
-    from ablate import db, runner
+    from ablate import runner, store
 
     # errors before any Prefect start-up: the spec, then its data (built once here, before any trial starts)
     overrides = _overrides(args)
     spec, _, ids = runner.register(args.spec, args.db, max_trials=args.max_trials, say=err_console.print,
                                    overrides=overrides, merge=args.merge, artifacts=Path(args.artifacts))
-    engine = db.connect(args.db)
-    os.environ["ABLATE_DB_URL"] = db.resolve_url(args.db)  # for the flow and its trainers, which get db_url=None
+    engine = store.connect(args.db)
+    os.environ["ABLATE_DB_URL"] = store.resolve_url(args.db)  # for the flow and its trainers, which get db_url=None
     # measured now, before the local Prefect server starts (it would count as another job)
     threads = args.threads or runner.default_threads(max(1, args.gpu_slots // spec.budget.gpus), spec.budget.gpus)
     console.print(f"sweep {spec.name}: {len(ids)} trials, {spec.budget.describe()} each, {threads} thread(s) per "
-                  f"trainer; results in {db._describe(str(engine.url))}")
+                  f"trainer; results in {store.describe_url(str(engine.url))}")
     from flows.sweep import TrialsFailed
     from flows.sweep import sweep as sweep_flow
 
@@ -473,14 +473,14 @@ def _sweep_run(args: argparse.Namespace) -> int:
 
     def render() -> Table:
         rows, counts = runner.status_view(engine, spec.name, STATUS_ROWS)
-        finished = sum(n for status, n in counts.items() if status in db.FINISHED)
+        finished = sum(n for status, n in counts.items() if status in store.FINISHED)
         return runs_table(rows, title=f"sweep {spec.name}: {finished}/{sum(counts.values())} finished", counts=counts)
 
     result: dict[str, Any] = {}
 
     def work() -> None:
         try:
-            from ablate import localserver
+            from ablate.runner import localserver
 
             localserver.start()  # ended with this process, even a killed one (no orphaned server)
             # the URL goes by environment, not as a flow parameter (Prefect stores those in plain text)
@@ -509,7 +509,7 @@ def _sweep_run(args: argparse.Namespace) -> int:
         done.wait(runner.STOP_GRACE_SECONDS)
         console.print(render())
         err_console.print(f"sweep {spec.name} stopped; resume it with: ablate sweep run {args.spec}"
-                          + (f" --db {db.redact(args.db)}" if args.db else ""))
+                          + (f" --db {store.redact(args.db)}" if args.db else ""))
         return 130
     worker.join()
     if "error" in result:
@@ -581,7 +581,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         console.print(f"report written to {rep.out}/ (" + ", ".join(p.name for p in rep.files) + ")")
         return 0
     from ablate import runner
-    from ablate.spec import load_spec
+    from ablate.config import load_spec
 
     spec = load_spec(args.spec)
     search.check_search(spec, args.spec)
@@ -724,7 +724,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     for item in args.slots:
         hardware, _, n = item.partition("=")
         if not n.isdigit():
-            from ablate.errors import AblateError
+            from ablate.config.errors import AblateError
 
             raise AblateError(f"--slots {item!r}: write HARDWARE=N, e.g. --slots rtx3060=1 --slots v100=4")
         slots[hardware] = int(n)
@@ -861,7 +861,7 @@ def _environment_hint(exc: Exception, url: str | None) -> str | None:
     sa_exc = sys.modules.get("sqlalchemy.exc")
     if not isinstance(exc, OSError) and not (sa_exc is not None and isinstance(exc, sa_exc.DBAPIError)):
         return None
-    from ablate.db import explain
+    from ablate.store import explain
 
     return explain(exc, url)
 
@@ -882,7 +882,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args) or 0
     except AblateError as exc:
-        from ablate.db import redact
+        from ablate.store import redact
 
         err_console.print("[bold red]error:[/] " + escape(redact(str(exc))), soft_wrap=True)
         return 2
@@ -890,7 +890,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = _environment_hint(exc, args.db)
         if hint is None:
             raise
-        from ablate.db import redact
+        from ablate.store import redact
 
         err_console.print("[bold red]error:[/] " + escape(redact(hint)), soft_wrap=True)
         return 2

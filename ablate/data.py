@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from filelock import FileLock
 
-from ablate.errors import AblateError, did_you_mean
-from ablate.sources import is_local_source, special_files
-from ablate.spec import DatasetRef, TokenizerRef
+from ablate.config.errors import AblateError, did_you_mean
+from ablate.config.sources import is_local_source, special_files
+from ablate.config import DatasetRef, TokenizerRef
 from ablate.tokencache import cache_folder, cache_intact, file_sha256, tokenizer_fingerprint  # noqa: F401 - data's API
 
 

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import torch
 
-from ablate import db, objectives
-from ablate.errors import AblateError
+from ablate import objectives, store
+from ablate.config.errors import AblateError
 from ablate.runstate import load_checkpoint
-from ablate.spec import TrialConfig
+from ablate.config import TrialConfig
 
 
 def default_artifacts() -> Path:
     return Path(os.environ.get("ABLATE_ARTIFACTS", "results/artifacts"))
 
 
-def run_checkpoint(run: db.Run, artifacts: str | Path | None = None) -> Path:
+def run_checkpoint(run: store.Run, artifacts: str | Path | None = None) -> Path:
     """The checkpoint a run row names, only if it lies inside the artifacts folder (a row is data; the folder
     is the user's choice): a row pointing elsewhere is refused, not opened."""
     root = Path(artifacts if artifacts is not None else default_artifacts()).expanduser().resolve()
@@ -41,7 +41,7 @@ def run_checkpoint(run: db.Run, artifacts: str | Path | None = None) -> Path:
 
 def load_run_model(run_id: int, url: str | None = None, artifacts: str | Path | None = None):
     """(trial, model in eval mode, tokenizer) from a run's final checkpoint inside `artifacts`."""
-    run = db.get_run(db.reader(url), run_id)
+    run = store.get_run(store.reader(url), run_id)
     trial = TrialConfig.model_validate(run.config)
     path = run_checkpoint(run, artifacts)
     tokenizer = load_checkpoint_tokenizer(path, trial)

@@ -21,9 +21,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ablate import db
-from ablate.errors import AblateError
-from ablate.spec import Reference, SweepSpec, TableSpec, TrialConfig, _same
+from ablate import store
+from ablate.config.errors import AblateError
+from ablate.config import Reference, SweepSpec, TableSpec, TrialConfig
+from ablate.config.sweep import _same
 
 UNFINISHED = ("pending", "running", "failed", "preempted", "cancelled")
 
@@ -76,13 +77,13 @@ def _mean_std(values: list[float]) -> tuple[float, float | None]:
 
 
 def load_views(engine: sa.Engine, sweep: str) -> tuple[SweepSpec, list[RunView]]:
-    with db.session_factory(engine)() as session:
-        row = session.scalar(sa.select(db.Sweep).where(db.Sweep.name == sweep))
+    with store.session_factory(engine)() as session:
+        row = session.scalar(sa.select(store.Sweep).where(store.Sweep.name == sweep))
         if row is None:
-            known = session.scalars(sa.select(db.Sweep.name)).all()
+            known = session.scalars(sa.select(store.Sweep.name)).all()
             raise AblateError(f"no sweep named {sweep!r} in the results DB; known: {', '.join(known) or 'none yet'}")
         spec = SweepSpec.model_validate(row.spec)
-        runs = list(session.scalars(sa.select(db.Run).where(db.Run.sweep_id == row.id).order_by(db.Run.trial_index)))
+        runs = list(session.scalars(sa.select(store.Run).where(store.Run.sweep_id == row.id).order_by(store.Run.trial_index)))
     views = []
     for r in runs:
         trial = TrialConfig.model_validate(r.config)
@@ -189,7 +190,7 @@ def run_notes(views: list[RunView]) -> list[str]:
 
 def recipe_lines(views: list[RunView]) -> list[str]:
     """The optimisation recipe(s) the runs used, with the precision each actually trained in."""
-    from ablate.spec import describe_recipe
+    from ablate.config import describe_recipe
 
     found: dict[str, set[str]] = {}
     for v in views:
@@ -354,14 +355,14 @@ def plan_curves(table: Table, points_csv: str | None = None, cap: int = MAX_CURV
 def metric_points(engine: sa.Engine, run_ids: list[int]) -> Iterator[Any]:
     """The runs' metric points as rows (run_id, split, step, elapsed_seconds, tokens, loss), ordered as the unique
     index uq_metrics_run_split_step is: one query per IN_CHUNK runs, not one per run."""
-    columns = (db.Metric.run_id, db.Metric.split, db.Metric.step, db.Metric.elapsed_seconds, db.Metric.tokens,
-               db.Metric.loss)
+    columns = (store.Metric.run_id, store.Metric.split, store.Metric.step, store.Metric.elapsed_seconds, store.Metric.tokens,
+               store.Metric.loss)
     ids = sorted(run_ids)
     with engine.connect() as conn:
         for start in range(0, len(ids), IN_CHUNK):
             # all() fetches a chunk at once: iterating the result fetches row by row (~5 µs each through psycopg)
-            yield from conn.execute(sa.select(*columns).where(db.Metric.run_id.in_(ids[start:start + IN_CHUNK]))
-                                    .order_by(db.Metric.run_id, db.Metric.split, db.Metric.step)).all()
+            yield from conn.execute(sa.select(*columns).where(store.Metric.run_id.in_(ids[start:start + IN_CHUNK]))
+                                    .order_by(store.Metric.run_id, store.Metric.split, store.Metric.step)).all()
 
 
 POINT_COLUMNS = ("run_id", "configuration", "seed", "split", "step", "elapsed_seconds", "tokens", "loss")
@@ -517,7 +518,7 @@ def build_report(sweep: str, url: str | None = None, out: Path | None = None,
                  artifacts: str | Path | None = None) -> Report:
     """The report of one sweep, laid out as its spec's `report` block says (`artifacts`: where the runs'
     checkpoints are, for the prompt completions). Reads the database, never writes it."""
-    engine = db.reader(url)
+    engine = store.reader(url)
     with _long_lived() as loaded:
         spec, views = load_views(engine, sweep)
         loaded()
@@ -558,7 +559,7 @@ def build_comparison(sweeps: list[str], url: str | None = None, out: Path | None
     """Several sweeps side by side: one table whose columns are the sweeps (and what varies within them)."""
     if len(sweeps) < 2:
         raise AblateError("--compare needs at least two sweep names")
-    engine = db.reader(url)
+    engine = store.reader(url)
     views: list[RunView] = []
     specs = []
     with _long_lived() as loaded:

@@ -12,13 +12,14 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 
-from ablate import db, readlogin, sqlguard
-from ablate.errors import AblateError
+from ablate import sqlguard, store
+from ablate.store import readlogin
+from ablate.config.errors import AblateError
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 DEFAULT_MAX_ROWS = 10_000
 DEFAULT_MAX_BYTES = 64 << 20  # of the whole result, counted as the rows arrive (a single huge value included)
-READER_ROLE = db.READER_ROLE  # made by migration 0005 (or an administrator): SELECT on READABLE (+ Optuna's tables)
+READER_ROLE = store.READER_ROLE  # made by migration 0005 (or an administrator): SELECT on READABLE (+ Optuna's tables)
 READABLE = ("sweeps", "runs", "metrics", "run_results", "best_runs", "eval_curve")
 _READER_USABLE = (f"SELECT r IS NOT NULL AND pg_has_role(current_user, r, 'MEMBER') "
                   f"AND has_table_privilege(r, 'runs', 'SELECT') FROM to_regrole('{READER_ROLE}') AS r")
@@ -36,7 +37,7 @@ def read_only_query(query: str, url: str | None = None, *, max_rows: int = DEFAU
         raise AblateError(f"max_rows ({max_rows}), timeout_seconds ({timeout_seconds}) and max_bytes ({max_bytes}) "
                           "must be >= 0 (0: no limit)")
     # on PostgreSQL with ABLATE_READ_URL: the read-only login, which has no role above it (ablate/readlogin.py)
-    engine = readlogin.engine_for(url) or db.reader(url)
+    engine = readlogin.engine_for(url) or store.reader(url)
     dialect = engine.dialect.name
     if dialect not in ("postgresql", "sqlite"):
         raise AblateError(f"`ablate sql` runs on SQLite and PostgreSQL results databases; {dialect} is not supported")
@@ -141,7 +142,7 @@ def _too_big(max_bytes: int) -> str:
 
 def _failure(exc: SQLAlchemyError, timeout_seconds: float, max_bytes: int = 0) -> AblateError:
     """A user-facing sentence for a failed query (passwords in URLs redacted)."""
-    reason = db.redact(str(getattr(exc, "orig", None) or exc).strip().splitlines()[0])
+    reason = store.redact(str(getattr(exc, "orig", None) or exc).strip().splitlines()[0])
     lowered = reason.lower()
     if "string or blob too big" in lowered and max_bytes:
         return AblateError(_too_big(max_bytes))
@@ -161,12 +162,12 @@ def runs(sweep: str | None = None, url: str | None = None):
     """A DataFrame of runs (one row per trial), optionally of one sweep."""
     import pandas as pd
 
-    engine = db.reader(url)
-    q = sa.select(db.Run, db.Sweep.name.label("sweep")).join(db.Sweep, db.Run.sweep_id == db.Sweep.id)
+    engine = store.reader(url)
+    q = sa.select(store.Run, store.Sweep.name.label("sweep")).join(store.Sweep, store.Run.sweep_id == store.Sweep.id)
     if sweep is not None:
-        q = q.where(db.Sweep.id == _sweep_id(engine, sweep))
+        q = q.where(store.Sweep.id == _sweep_id(engine, sweep))
     with engine.connect() as conn:
-        frame = pd.read_sql(q.order_by(db.Run.id), conn)
+        frame = pd.read_sql(q.order_by(store.Run.id), conn)
     return _integers(frame)
 
 
@@ -175,8 +176,8 @@ def runs_of(rows: list[Any], sweep: str):
     run: reading 100,000 again, their JSON parsed again, cost 6 CPU-s): the same columns, order and types."""
     import pandas as pd
 
-    mapper = sa.inspect(db.Run)
-    keys = [(column.name, mapper.get_property_by_column(column).key) for column in db.Run.__table__.columns]
+    mapper = sa.inspect(store.Run)
+    keys = [(column.name, mapper.get_property_by_column(column).key) for column in store.Run.__table__.columns]
     records = [(*(getattr(run, key) for _, key in keys), sweep) for run in sorted(rows, key=lambda r: r.id)]
     return _integers(pd.DataFrame.from_records(records, columns=[*(name for name, _ in keys), "sweep"],
                                                coerce_float=True))
@@ -184,7 +185,7 @@ def runs_of(rows: list[Any], sweep: str):
 
 def _integers(frame: Any) -> Any:
     """Integer columns stay integers where some rows are NULL (pandas would make heads 4.0)."""
-    for column in db.Run.__table__.columns:
+    for column in store.Run.__table__.columns:
         if isinstance(column.type, sa.Integer) and column.name in frame:
             frame[column.name] = frame[column.name].astype("Int64")
     return frame
@@ -202,7 +203,7 @@ def to_csv(frame: Any, path: Any) -> None:
     import json
 
     frame = frame.copy()
-    for column in db.Run.__table__.columns:
+    for column in store.Run.__table__.columns:
         if isinstance(column.type, sa.JSON) and column.name in frame:
             frame[column.name] = [None if v is None else json.dumps(v, sort_keys=True) for v in frame[column.name]]
     frame.to_csv(path, index=False, lineterminator="\n")
@@ -212,11 +213,11 @@ def metrics(run_ids: list[int] | None = None, sweep: str | None = None, url: str
     """A DataFrame of metric points (run_id, step, split, elapsed_seconds, tokens, loss, lr, eval_point)."""
     import pandas as pd
 
-    engine = db.reader(url)
-    q = sa.select(db.Metric)
+    engine = store.reader(url)
+    q = sa.select(store.Metric)
     if run_ids is not None:
-        q = q.where(db.Metric.run_id.in_(run_ids))
+        q = q.where(store.Metric.run_id.in_(run_ids))
     if sweep is not None:
-        q = q.join(db.Run, db.Metric.run_id == db.Run.id).where(db.Run.sweep_id == _sweep_id(engine, sweep))
+        q = q.join(store.Run, store.Metric.run_id == store.Run.id).where(store.Run.sweep_id == _sweep_id(engine, sweep))
     with engine.connect() as conn:
-        return pd.read_sql(q.order_by(db.Metric.run_id, db.Metric.split, db.Metric.step), conn)
+        return pd.read_sql(q.order_by(store.Metric.run_id, store.Metric.split, store.Metric.step), conn)

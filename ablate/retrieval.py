@@ -24,11 +24,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ablate import data as data_mod
-from ablate import db
+from ablate import store
 from ablate.budget import lr_at
-from ablate.errors import AblateError, did_you_mean
+from ablate.config.errors import AblateError, did_you_mean
 from ablate.generate import load_checkpoint_model, load_checkpoint_tokenizer, run_checkpoint
-from ablate.spec import RetrievalPlan, RetrievalSettings, TrialConfig
+from ablate.config import RetrievalPlan, RetrievalSettings, TrialConfig
 
 PAIR_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -335,10 +335,10 @@ def retrieval_study(run_ids: Sequence[int], db_url: str | None, pairs: Any, plan
         plan = plan.model_copy(update={"steps": steps, "epochs": None})
     model_settings = RetrievalSettings(**{**plan.settings().model_dump(), **settings})
     summaries, texts = _columns(pairs)
-    engine = db.connect(db_url)  # the process-wide engine for this URL: not ours to dispose
+    engine = store.connect(db_url)  # the process-wide engine for this URL: not ours to dispose
     rows = []
     for run_id in run_ids:
-        run = db.get_run(engine, run_id)
+        run = store.get_run(engine, run_id)
         trial = TrialConfig.model_validate(run.config)
         path = run_checkpoint(run, artifacts)
         tokenizer = load_checkpoint_tokenizer(path, trial)
@@ -384,12 +384,12 @@ def run_stage(name: str, db_url: str | None = None, out: Path | None = None, *, 
     """
     import sqlalchemy as sa
 
-    from ablate.spec import SweepSpec
+    from ablate.config import SweepSpec
 
-    engine = db.connect(db_url)
+    engine = store.connect(db_url)
     with engine.connect() as conn:
-        sweep = conn.execute(sa.select(db.Sweep).where(db.Sweep.name == name)).first()
-        names = [r[0] for r in conn.execute(sa.select(db.Sweep.name))]
+        sweep = conn.execute(sa.select(store.Sweep).where(store.Sweep.name == name)).first()
+        names = [r[0] for r in conn.execute(sa.select(store.Sweep.name))]
     if sweep is None:
         raise AblateError(f"no sweep named {name!r} in the results DB{did_you_mean(name, names)}; "
                           "register and train it first (ablate sweep run SPEC)")
@@ -399,18 +399,18 @@ def run_stage(name: str, db_url: str | None = None, out: Path | None = None, *, 
                           "candidates: [32, 128]}} to its spec and register it again")
     plan = spec.retrieval
     with engine.connect() as conn:
-        runs = conn.execute(sa.select(db.Run.id).where(db.Run.sweep_id == sweep.id, db.Run.status == "completed")
-                            .order_by(db.Run.id)).scalars().all()
+        runs = conn.execute(sa.select(store.Run.id).where(store.Run.sweep_id == sweep.id, store.Run.status == "completed")
+                            .order_by(store.Run.id)).scalars().all()
     if not runs:
         raise AblateError(f"sweep {name!r} has no completed runs to embed with yet (ablate sweep status {name})")
     table = retrieval_study(runs, db_url, stage_pairs(plan), plan, candidates, steps, progress=progress,
                             artifacts=artifacts)
     with engine.begin() as conn:
-        conn.execute(sa.delete(db.Metric).where(db.Metric.run_id.in_(runs), db.Metric.split == RETRIEVAL_SPLIT))
-        conn.execute(sa.insert(db.Metric), [
+        conn.execute(sa.delete(store.Metric).where(store.Metric.run_id.in_(runs), store.Metric.split == RETRIEVAL_SPLIT))
+        conn.execute(sa.insert(store.Metric), [
             {"run_id": int(r.run_id), "split": RETRIEVAL_SPLIT, "step": int(r.c), "elapsed_seconds": 0.0, "tokens": 0,
              "loss": float(r.eval_loss), "lr": plan.lr} for r in table.itertuples()])
-    table["published"] = [_published(plan, TrialConfig.model_validate(db.get_run(engine, int(r.run_id)).config), r.c)
+    table["published"] = [_published(plan, TrialConfig.model_validate(store.get_run(engine, int(r.run_id)).config), r.c)
                           for r in table.itertuples()]
     out = out or Path("results/reports") / name
     out.mkdir(parents=True, exist_ok=True)
@@ -420,7 +420,7 @@ def run_stage(name: str, db_url: str | None = None, out: Path | None = None, *, 
 
 
 def _published(plan: Any, trial: TrialConfig, c: int) -> float | None:
-    from ablate.spec import _same
+    from ablate.config.sweep import _same
 
     axes = trial.axes()
     hits = [r for r in plan.reference if r.candidates == c and all(_same(axes.get(k), v) for k, v in r.match.items())]

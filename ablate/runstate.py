@@ -20,9 +20,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ablate import db
-from ablate.errors import AblateError
-from ablate.spec import TrialConfig
+from ablate import store
+from ablate.config.errors import AblateError
+from ablate.config import TrialConfig
 
 
 # seconds a trainer told to stop (a cancel, its runner gone) may take to checkpoint and end before it is killed
@@ -52,7 +52,7 @@ class Settings:
     progress: bool = True
     device: str | None = None
     threads: int | None = None  # torch intra-op threads; None: torch's default (every core)
-    claimant: str | None = None  # the claim this process trains under (db.claim_run); writes are fenced by it
+    claimant: str | None = None  # the claim this process trains under (store.claim_run); writes are fenced by it
     db_id: str | None = None  # the results database's identity: keys this run's artifacts
 
 
@@ -119,7 +119,7 @@ class Recorder:
 
     def __init__(self, settings: Settings, is_main: bool):
         self.run_id = settings.run_id if is_main else None
-        self.engine = db.connect(settings.db_url) if self.run_id is not None else None
+        self.engine = store.connect(settings.db_url) if self.run_id is not None else None
         self.claimant = settings.claimant
         self.buffer: list[dict[str, Any]] = []
         self.last_flush = time.monotonic()
@@ -140,13 +140,13 @@ class Recorder:
         here CANCEL_GRACE_SECONDS after that (one step or one checkpoint write longer than that, or code that
         never returns to Python) is killed: its row already says why, and its last checkpoint is intact."""
         told_at: float | None = None
-        while not self._stop_beating.wait(db.HEARTBEAT_SECONDS):
+        while not self._stop_beating.wait(store.HEARTBEAT_SECONDS):
             if told_at is not None and time.monotonic() - told_at >= CANCEL_GRACE_SECONDS:
                 print(f"still running {CANCEL_GRACE_SECONDS:.0f} s after it was told to stop ({self.stop_reason}): "
                       "killed", file=sys.stderr, flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             try:
-                status = db.heartbeat(self.engine, self.run_id, self.claimant)
+                status = store.heartbeat(self.engine, self.run_id, self.claimant)
             except Exception:  # noqa: BLE001 - a database hiccup: try again next beat (stale only after many)
                 status = "running"
             if status is None:
@@ -155,7 +155,7 @@ class Recorder:
             if self.stop_reason is None:
                 if status == "cancelled":
                     self.stop_reason = "cancelled"
-                elif self._runner_pid is not None and not db.pid_alive(self._runner_pid):
+                elif self._runner_pid is not None and not store.pid_alive(self._runner_pid):
                     self.stop_reason = "orphaned"
                 if self.stop_reason is not None:
                     told_at = time.monotonic()
@@ -171,7 +171,7 @@ class Recorder:
         if self.engine is None:
             return False
         try:
-            return db.get_run(self.engine, self.run_id).status == "cancelled"
+            return store.get_run(self.engine, self.run_id).status == "cancelled"
         except Exception:  # noqa: BLE001 - no database to ask: the run is resumable, not cancelled
             return False
 
@@ -184,7 +184,7 @@ class Recorder:
 
     def flush(self) -> None:
         if self.engine is not None and self.buffer:
-            db.write_metrics(self.engine, self.run_id, self.buffer)
+            store.write_metrics(self.engine, self.run_id, self.buffer)
         self.buffer = []
         self.last_flush = time.monotonic()
 
@@ -195,15 +195,15 @@ class Recorder:
             import sqlalchemy as sa
 
             with self.engine.begin() as conn:
-                conn.execute(sa.delete(db.Metric).where(db.Metric.run_id == self.run_id, db.Metric.step > step,
-                                                        db.Metric.split.in_(("train", "eval"))))
+                conn.execute(sa.delete(store.Metric).where(store.Metric.run_id == self.run_id, store.Metric.step > step,
+                                                        store.Metric.split.in_(("train", "eval"))))
                 if step < 0:  # a new attempt from step 0: nothing logged yet
-                    conn.execute(sa.update(db.Run).where(db.Run.id == self.run_id).values(
+                    conn.execute(sa.update(store.Run).where(store.Run.id == self.run_id).values(
                         last_step=None, last_elapsed_seconds=None, last_train_loss=None, last_eval_loss=None))
 
     def update(self, **fields: Any) -> None:
         if self.engine is not None and not self.lost:
-            db.update_run(self.engine, self.run_id, claimant=self.claimant, **fields)
+            store.update_run(self.engine, self.run_id, claimant=self.claimant, **fields)
 
 
 # ---------------------------------------------------------------- state
@@ -329,5 +329,5 @@ def run_dir(settings: Settings, trial: TrialConfig) -> Path:
     folder is keyed by the database too (a fresh DB never resumes another DB's checkpoint)."""
     if settings.run_id is None:
         return settings.artifacts / "runs" / "unrecorded" / trial.fingerprint()
-    db_id = settings.db_id or db.database_id(db.connect(settings.db_url))
+    db_id = settings.db_id or store.database_id(store.connect(settings.db_url))
     return settings.artifacts / "runs" / db_id[:16] / f"run-{settings.run_id}-{trial.fingerprint()}"

@@ -35,9 +35,9 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import ValidationError
 
 from ablate import budget as bud
-from ablate import db, runner
-from ablate.errors import AblateError, SpecError, did_you_mean
-from ablate.spec import (GRID_FIELDS, SWEEP_LEVEL_FIELDS, SearchBlock, SearchParam, SweepSpec, TrialConfig, load_spec,
+from ablate import runner, store
+from ablate.config.errors import AblateError, SpecError, did_you_mean
+from ablate.config import (GRID_FIELDS, SWEEP_LEVEL_FIELDS, SearchBlock, SearchParam, SweepSpec, TrialConfig, load_spec,
                          with_recipe)
 
 HEARTBEAT_SECONDS = 30  # a running trial's worker records a heartbeat this often
@@ -159,8 +159,8 @@ def open_storage(url: str | None = None, *, create: bool = False, heartbeat_seco
     The ablate schema is brought up first; its Alembic revision lives in `ablate_alembic_version`, so
     Optuna's own (`alembic_version`) and its schema version check work as on a database of its own.
     """
-    url = db.resolve_url(url)
-    db.connect(url) if create else db.reader(url)  # reading a study (its report) never creates or migrates
+    url = store.resolve_url(url)
+    store.connect(url) if create else store.reader(url)  # reading a study (its report) never creates or migrates
     is_sqlite = sa.make_url(url).get_backend_name() == "sqlite"
     engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if is_sqlite else {"pool_pre_ping": True}
     with warnings.catch_warnings():
@@ -170,7 +170,7 @@ def open_storage(url: str | None = None, *, create: bool = False, heartbeat_seco
             heartbeat_interval=heartbeat_seconds, grace_period=grace_seconds, heartbeat_stale_trial_callback=requeue,
         )
     if create:  # `ablate sql` (as the reader role on PostgreSQL) may join runs with Optuna's trials
-        db.grant_reader(db.connect(url))
+        store.grant_reader(store.connect(url))
     return storage
 
 
@@ -178,9 +178,9 @@ def create_study(spec: SweepSpec, db_url: str | None = None, spec_path: str | No
                  storage: optuna.storages.RDBStorage | None = None) -> optuna.Study:
     """Create the study of a spec (once, before any worker starts; idempotent) and the sweep row its runs join."""
     check_search(spec, spec_path or "<spec>")
-    url = db.resolve_url(db_url)
-    engine = db.connect(url)
-    db.register_sweep(engine, spec, [], spec_path=spec_path)
+    url = store.resolve_url(db_url)
+    engine = store.connect(url)
+    store.register_sweep(engine, spec, [], spec_path=spec_path)
     storage = storage or open_storage(url, create=True)
     study = optuna.create_study(storage=storage, study_name=spec.name, direction=spec.search.direction,
                                 load_if_exists=True)
@@ -363,11 +363,11 @@ class _EvalFollower:
 
     def report_new(self) -> int:
         """Report evals not yet reported; returns how many. The k-th eval of the run is Optuna step k."""
-        run = db.get_run(self.engine, self.run_id)
+        run = store.get_run(self.engine, self.run_id)
         with self.engine.connect() as conn:
             rows = conn.execute(
-                sa.select(db.Metric.step, db.Metric.elapsed_seconds, db.Metric.tokens, db.Metric.loss)
-                .where(db.Metric.run_id == self.run_id, db.Metric.split == "eval").order_by(db.Metric.step)
+                sa.select(store.Metric.step, store.Metric.elapsed_seconds, store.Metric.tokens, store.Metric.loss)
+                .where(store.Metric.run_id == self.run_id, store.Metric.split == "eval").order_by(store.Metric.step)
             ).all()
         # the final eval (at the whole budget) is the run's result, not an intermediate value
         flops = run.flops_per_token or 0.0
@@ -394,7 +394,7 @@ class _EvalFollower:
 def _register(engine: sa.Engine, spec: SweepSpec, config: TrialConfig, spec_path: str | None) -> int:
     for attempt in range(3):
         try:
-            _, (run_id,) = db.register_sweep(engine, spec, [config], spec_path=spec_path)
+            _, (run_id,) = store.register_sweep(engine, spec, [config], spec_path=spec_path)
             return run_id
         except sa.exc.IntegrityError:  # another worker registered the same config at the same moment
             if attempt == 2:
@@ -402,7 +402,7 @@ def _register(engine: sa.Engine, spec: SweepSpec, config: TrialConfig, spec_path
     raise AssertionError("unreachable")
 
 
-def _link(engine: sa.Engine, study: optuna.Study, run: db.Run, number: int) -> None:
+def _link(engine: sa.Engine, study: optuna.Study, run: store.Run, number: int) -> None:
     """Point the run row at this trial, unless another trial of the study holds its result or is running it."""
     if run.study_name == study.study_name and run.study_trial is not None:
         if run.study_trial == number:
@@ -412,7 +412,7 @@ def _link(engine: sa.Engine, study: optuna.Study, run: db.Run, number: int) -> N
             return
     elif run.study_name is not None:  # a run of another study stays that study's
         return
-    db.update_run(engine, run.id, study_name=study.study_name, study_trial=number, trial_index=number)
+    store.update_run(engine, run.id, study_name=study.study_name, study_trial=number, trial_index=number)
 
 
 def run_one(study: optuna.Study, storage: optuna.storages.RDBStorage, trial: optuna.Trial, spec: SweepSpec,
@@ -420,7 +420,7 @@ def run_one(study: optuna.Study, storage: optuna.storages.RDBStorage, trial: opt
             spec_path: str | None = None, poll_seconds: float = 1.0, heartbeat_seconds: float = HEARTBEAT_SECONDS,
             stop: threading.Event | None = None) -> TrialOutcome:
     """Sample, register, train (or follow, or read) the trial's run, and tell the study how it went."""
-    engine = db.connect(opts.db_url)
+    engine = store.connect(opts.db_url)
     try:
         config = suggest_trial(trial, spec)
     except ValueError as exc:  # e.g. heads that do not divide d_model: a point of the space with no valid trial
@@ -432,24 +432,24 @@ def run_one(study: optuna.Study, storage: optuna.storages.RDBStorage, trial: opt
         run_id = _register(engine, spec, config, spec_path)
         trial.set_user_attr("run_id", run_id)
         trial.set_user_attr("fingerprint", config.fingerprint())
-        run = db.get_run(engine, run_id)
+        run = store.get_run(engine, run_id)
         _link(engine, study, run, trial.number)
         follower = _EvalFollower(engine, run_id, storage, trial, len(spec.eval.at), heartbeat_seconds, stop)
-        if db.is_live(run):  # the same config is training under another trial (or a dead worker's trainer): follow it
+        if store.is_live(run):  # the same config is training under another trial (or a dead worker's trainer): follow it
             _follow(engine, run_id, follower, poll_seconds)
-            run = db.get_run(engine, run_id)
-        if run.status not in db.FINISHED and not (stop is not None and stop.is_set()):
+            run = store.get_run(engine, run_id)
+        if run.status not in store.FINISHED and not (stop is not None and stop.is_set()):
             status = runner.run_trial(run_id, opts, should_stop=follower.should_stop, poll_seconds=poll_seconds,
-                                      statuses=db.OWED_UNSTARTED)
+                                      statuses=store.OWED_UNSTARTED)
             if status == "preempted" and follower.pruned:
-                db.update_run(engine, run_id, status="pruned", finished_at=db.utcnow())
+                store.update_run(engine, run_id, status="pruned", finished_at=store.utcnow())
             elif status == "running":  # another process claimed it first: follow that one
                 _follow(engine, run_id, follower, poll_seconds)
         follower.report_new()  # evals logged after the last poll
-        return _tell(study, trial, db.get_run(engine, run_id))
+        return _tell(study, trial, store.get_run(engine, run_id))
     except optuna.exceptions.UpdateFinishedTrialError:
         # our heartbeat lapsed and another worker failed and re-queued this trial: its retry reads the run row
-        return TrialOutcome(trial.number, "FAIL", run_id, db.get_run(engine, run_id).status, None, dict(trial.params))
+        return TrialOutcome(trial.number, "FAIL", run_id, store.get_run(engine, run_id).status, None, dict(trial.params))
     except BaseException:
         _abandon(study, trial)
         raise
@@ -457,20 +457,20 @@ def run_one(study: optuna.Study, storage: optuna.storages.RDBStorage, trial: opt
 
 def _follow(engine: sa.Engine, run_id: int, follower: _EvalFollower, poll_seconds: float) -> None:
     """Wait for a run another process is training, reporting its evals; a prune stops it if it trains on this host."""
-    while db.is_live(run := db.get_run(engine, run_id)):
+    while store.is_live(run := store.get_run(engine, run_id)):
         if follower.should_stop():
             if follower.pruned and run.host == socket.gethostname() and runner.pid_alive(run.pid):
                 os.killpg(run.pid, signal.SIGTERM)  # the trainer checkpoints and records `preempted`
                 deadline = time.monotonic() + 120
                 while runner.pid_alive(run.pid) and time.monotonic() < deadline:
                     time.sleep(0.2)
-                if db.get_run(engine, run_id).status == "preempted":
-                    db.update_run(engine, run_id, status="pruned", finished_at=db.utcnow())
+                if store.get_run(engine, run_id).status == "preempted":
+                    store.update_run(engine, run_id, status="pruned", finished_at=store.utcnow())
             return
         time.sleep(poll_seconds)
 
 
-def _tell(study: optuna.Study, trial: optuna.Trial, run: db.Run) -> TrialOutcome:
+def _tell(study: optuna.Study, trial: optuna.Trial, run: store.Run) -> TrialOutcome:
     params = dict(trial.params)
     trial.set_user_attr("run_status", run.status)
     if run.status == "completed" and run.final_eval_loss is not None and math.isfinite(run.final_eval_loss):
@@ -508,7 +508,7 @@ def run_worker(spec: SweepSpec, storage: optuna.storages.RDBStorage, opts: runne
     With a seed, trial n samples with seed + n (reproducible for one worker, distinct across workers).
     """
     study = load_study(spec, storage, seed)
-    engine = db.connect(opts.db_url)
+    engine = store.connect(opts.db_url)
     outcomes = []
     while not (stop is not None and stop.is_set()):
         trial = claim(study, storage, engine, n_trials,
@@ -535,7 +535,7 @@ def run_search(spec: SweepSpec | str | Path, db_url: str | None = None, opts: ru
     """
     spec_path = str(spec) if isinstance(spec, (str, Path)) else None
     spec = load_spec(spec) if isinstance(spec, (str, Path)) else spec
-    url = db.resolve_url(db_url)
+    url = store.resolve_url(db_url)
     storage = open_storage(url, create=True, heartbeat_seconds=heartbeat_seconds, grace_seconds=grace_seconds)
     create_study(spec, url, spec_path=spec_path, storage=storage)  # the storage is shared by the worker threads
     total = planned_trials(spec.search, n_trials)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ablate.errors import AblateError
+from ablate.config.errors import AblateError
 
 READ_ONLY = ("SELECT", "WITH", "VALUES", "TABLE", "EXPLAIN")
 EXPLAINABLE = ("SELECT", "WITH", "VALUES", "TABLE")

@@ -7,7 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from ablate.spec import DatasetRef, TokenizerRef, fingerprint
+from ablate.config import DatasetRef, TokenizerRef, fingerprint
 
 
 def tokenizer_fingerprint(ref: TokenizerRef, dataset: DatasetRef) -> str:

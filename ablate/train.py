@@ -28,13 +28,13 @@ import torch.distributed as dist
 
 from ablate import budget as bud
 from ablate import data as data_mod
-from ablate import db, models, objectives
-from ablate.errors import AblateError
+from ablate import models, objectives, store
+from ablate.config.errors import AblateError
 from ablate.runstate import (
     Batches, Dist, PendingLosses, Progress, Recorder, Settings, check_memory, is_oom, load_checkpoint, peak_memory_mb,
     rng_state, run_dir, save_checkpoint, set_rng_state,
 )
-from ablate.spec import HARDWARE_PROFILES, TrialConfig
+from ablate.config import HARDWARE_PROFILES, TrialConfig
 from ablate.stopping import Stopped, StopSignal
 
 
@@ -609,7 +609,7 @@ def _finalize(recorder: Recorder, status: str, error: str | None, progress: Prog
         peak_memory_mb=peak if peak is not None else peak_memory_mb(device),
         mfu=(tps * flops_per_token / peak_flops) if (tps and flops_per_token and peak_flops) else None,
         notes={"meters": bud.summarize_meters(clock), **progress.notes} or None,
-        finished_at=db.utcnow(),
+        finished_at=store.utcnow(),
     )
     recorder.update(**outcome, pid=None)  # no pid: this trainer is ending (`sweep status` stops saying "cancelling")
     recorder.close()
@@ -702,10 +702,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         db_id = None
         if args.run_id is not None:
-            engine = db.connect(args.db)
-            run = db.get_run(engine, args.run_id)
+            engine = store.connect(args.db)
+            run = store.get_run(engine, args.run_id)
             trial = TrialConfig.model_validate(run.config)
-            db_id = db.database_id(engine)
+            db_id = store.database_id(engine)
             claimant = _claim(engine, run, dist_)
         else:
             text = Path(args.config[1:]).read_text() if args.config.startswith("@") else args.config
@@ -724,18 +724,18 @@ def main(argv: list[str] | None = None) -> int:
         message = str(exc) if isinstance(exc, AblateError) else "".join(traceback.format_exception(exc))[-4000:]
         if engine is not None and claimant is not None and dist_.is_main:
             try:
-                db.update_run(engine, args.run_id, claimant=claimant, status="failed", error=db.redact(message),
-                              pid=None, finished_at=db.utcnow())
+                store.update_run(engine, args.run_id, claimant=claimant, status="failed", error=store.redact(message),
+                              pid=None, finished_at=store.utcnow())
             except Exception:  # noqa: BLE001 - the database itself may be the problem (full disk)
                 pass
-        print(f"error: {db.redact(message)}", file=sys.stderr)
+        print(f"error: {store.redact(message)}", file=sys.stderr)
         return 2 if isinstance(exc, AblateError) else 1
     finally:
         if dist_.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _claim(engine: Any, run: db.Run, dist_: Dist) -> str | None:
+def _claim(engine: Any, run: store.Run, dist_: Dist) -> str | None:
     """The claim this trainer runs under: the runner's (ABLATE_CLAIMANT), checked, or, started by hand, its own."""
     claimant = os.environ.get("ABLATE_CLAIMANT")
     if claimant is not None:
@@ -745,17 +745,17 @@ def _claim(engine: Any, run: db.Run, dist_: Dist) -> str | None:
         return claimant
     if not dist_.is_main:
         return None
-    claimant = db.new_claimant()
-    takeable = [s for s in db.RUN_STATUSES if s != "running"]  # by hand: any run nobody is training now
-    if not db.claim_run(engine, run.id, claimant, statuses=takeable):
+    claimant = store.new_claimant()
+    takeable = [s for s in store.RUN_STATUSES if s != "running"]  # by hand: any run nobody is training now
+    if not store.claim_run(engine, run.id, claimant, statuses=takeable):
         raise AblateError(f"run {run.id} is being trained by {run.claimed_by} (heartbeat {run.heartbeat_at} UTC); wait "
-                          f"for it, or for its heartbeat to be {db.STALE_SECONDS:.0f} s old if that process died")
+                          f"for it, or for its heartbeat to be {store.STALE_SECONDS:.0f} s old if that process died")
     return claimant
 
 
 if __name__ == "__main__":
     code = main()
-    db.close_engines()
+    store.close_engines()
     sys.stdout.flush()
     sys.stderr.flush()
     # the interpreter's teardown (unloading torch and the rest: ~0.8 CPU-s a trial) does nothing a trainer needs:

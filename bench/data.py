@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ablate.data import get_tokenizer, prepare, train_eval_documents
-from ablate.spec import DatasetRef, TokenizerRef
+from ablate.config import DatasetRef, TokenizerRef
 
 PTB = Path(__file__).resolve().parent.parent / "tests" / "data" / "ptb" / "valid.txt"
 

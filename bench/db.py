@@ -3,8 +3,8 @@
     python -m bench.db [--runs 10000] [--points 200] [--backends sqlite,postgresql] [--out bench/db-results.md] [--keep] [--reuse URL]
 
 Builds a synthetic sweep of `--runs` trials through the project's own API (a spec file, `runner.register`,
-then per run the trainer's own writes: `db.write_metrics` of `--points` points, 10% of them eval, and
-`db.update_run` of the outcome), then runs each user command as a separate process and prints its CPU
+then per run the trainer's own writes: `store.write_metrics` of `--points` points, 10% of them eval, and
+`store.update_run` of the outcome), then runs each user command as a separate process and prints its CPU
 seconds (user + system of that process: load-independent) and peak memory. PostgreSQL is a fresh database
 on $ABLATE_TEST_PG_URL's server (default postgres@127.0.0.1:5432), dropped afterwards; the server's own CPU
 is not in the numbers. A script, not a test: it prints measured numbers.
@@ -96,9 +96,9 @@ def spec_for(runs: int, work: Path) -> Path:
 
 def fill(url: str, ids: list[int], points: int) -> float:
     """Write each run's curve and outcome as its trainer would; returns seconds."""
-    from ablate import db
+    from ablate import store
 
-    engine = db.connect(url)
+    engine = store.connect(url)
     rng = random.Random(0)
     evals = max(1, points // 10)
     t0 = time.perf_counter()
@@ -109,9 +109,9 @@ def fill(url: str, ids: list[int], points: int) -> float:
         rows += [{"step": 10 * (points - evals) * (j + 1) // evals, "split": "eval", "elapsed_seconds": float(j),
                   "tokens": 0, "loss": base + 0.1 + 4.0 / (j + 2), "lr": None, "eval_point": round((j + 1) / evals, 4)}
                  for j in range(evals)]  # eval points at even fractions of the budget, the last one final (1.0)
-        db.write_metrics(engine, run_id, rows)
-        db.update_run(engine, run_id, status="completed", steps=10 * (points - evals), final_train_loss=base,
-                      final_eval_loss=base + 0.1, train_seconds=60.0, finished_at=db.utcnow(), params=10_000)
+        store.write_metrics(engine, run_id, rows)
+        store.update_run(engine, run_id, status="completed", steps=10 * (points - evals), final_train_loss=base,
+                      final_eval_loss=base + 0.1, train_seconds=60.0, finished_at=store.utcnow(), params=10_000)
         if n % 1000 == 999:
             print(f"  filled {n + 1:,}/{len(ids):,} runs", flush=True)
     return time.perf_counter() - t0
@@ -121,7 +121,7 @@ def bench_backend(backend: str, runs: int, points: int, work: Path, keep: bool =
                   reuse: str | None = None) -> dict[str, dict]:
     import sqlalchemy as sa
 
-    from ablate import db, runner
+    from ablate import runner, store
 
     if reuse:  # a database a --keep run filled: measure the commands again, on the same rows
         return measure_commands(reuse, work)
@@ -137,7 +137,7 @@ def bench_backend(backend: str, runs: int, points: int, work: Path, keep: bool =
     try:
         spec = spec_for(runs, work)
         out: dict[str, dict] = {}
-        db.connect(url)  # the schema, so that registering is measured alone
+        store.connect(url)  # the schema, so that registering is measured alone
         t0, c0 = time.perf_counter(), time.process_time()
         _, _, ids = runner.register(spec, url, max_trials=runs)
         out["register (all trials)"] = {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0}
@@ -150,7 +150,7 @@ def bench_backend(backend: str, runs: int, points: int, work: Path, keep: bool =
         if keep:
             print(f"{backend}: kept {url}", flush=True)
         elif admin is not None:
-            db._ENGINES.pop(url, None)
+            store.migrate._ENGINES.pop(url, None)
             with admin.connect() as conn:
                 conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)'))
 

@@ -24,7 +24,7 @@ from einops import rearrange
 from ablate import models
 from ablate.models.mixer import SequenceMixing
 from ablate.objectives import causal_lm_loss
-from ablate.spec import TrialConfig
+from ablate.config import TrialConfig
 
 VOCAB = 4096  # the studies' TinyStories tokenizer
 

@@ -35,7 +35,7 @@ def main() -> None:
     spec.write_text(yaml.safe_dump(data, sort_keys=False))
     url = f"sqlite:///{work / 'r.db'}"
 
-    from ablate import db, runner
+    from ablate import runner, store
     from flows.sweep import sweep
 
     # warm the token cache and the Prefect API first, so the numbers are per-trial steady state
@@ -43,7 +43,7 @@ def main() -> None:
     t0 = time.perf_counter()
     sweep(spec=str(spec), db_url=url, artifacts=str(work / "art"))
     total = time.perf_counter() - t0
-    runs = sorted(runner.sweep_runs(db.connect(url), data["name"]), key=lambda r: r.started_at)
+    runs = sorted(runner.sweep_runs(store.connect(url), data["name"]), key=lambda r: r.started_at)
     rows = []
     for r in runs:
         wall = (r.finished_at - r.started_at).total_seconds()

@@ -27,7 +27,7 @@ import torch
 from ablate import budget as bud
 from ablate import models
 from ablate.objectives import causal_lm_loss
-from ablate.spec import TrialConfig
+from ablate.config import TrialConfig
 
 VOCAB = 4096
 

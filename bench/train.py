@@ -25,7 +25,7 @@ import torch
 
 from ablate import models, objectives
 from ablate.data import prepare
-from ablate.spec import TrialConfig
+from ablate.config import TrialConfig
 from ablate.train import Settings, train
 
 

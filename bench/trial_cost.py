@@ -37,18 +37,19 @@ def _self_cpu() -> float:
 
 
 def run_all(url: str, ids: list[int], artifacts: Path, warm_on: bool) -> dict:
-    from ablate import db, runner, warm
+    from ablate import runner, store
+    from ablate.runner import trials, warm
 
     os.environ["ABLATE_WARM_TRAINER"] = "1" if warm_on else "0"
     handles: list = []
-    start = runner.start_trainer
+    start = trials.start_trainer  # where run_trial looks it up
 
     def recording(*args, **kwargs):  # keep each trainer handle: a warm child carries its own rusage
         handle = start(*args, **kwargs)
         handles.append(handle)
         return handle
 
-    runner.start_trainer = recording
+    trials.start_trainer = recording
     try:
         children0, self0 = _children_cpu(), _self_cpu()
         opts = runner.RunOptions(db_url=url, artifacts=artifacts, threads=1)
@@ -60,9 +61,9 @@ def run_all(url: str, ids: list[int], artifacts: Path, warm_on: bool) -> dict:
             warm._HELPER = None
         total_children = _children_cpu() - children0
     finally:
-        runner.start_trainer = start
-    engine = db.connect(url)
-    runs = [db.get_run(engine, rid) for rid in ids]
+        trials.start_trainer = start
+    engine = store.connect(url)
+    runs = [store.get_run(engine, rid) for rid in ids]
     trainer_cpu = [h.cpu_seconds for h in handles] if warm_on else None
     if trainer_cpu is None:  # cold: serial trainers, so the children's total splits per trial by their own notes
         trainer_cpu = [total_children / len(ids)] * len(ids)

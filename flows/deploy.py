@@ -14,9 +14,9 @@ from typing import Any
 import sqlalchemy as sa
 from prefect import flow
 
-from ablate import db
-from ablate.errors import AblateError
-from ablate.spec import load_spec
+from ablate import store
+from ablate.config.errors import AblateError
+from ablate.config import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEP_POOL = "sweeps"
@@ -133,7 +133,7 @@ def deploy_all(sweeps_dir: Path = REPO / "sweeps", db_url: str | None = None, ar
     ...). `pools`: hardware names beyond the sweep files' that get a work pool and a trial deployment (for
     `hardware` overrides)."""
     slots = slots or {}
-    if db_url and sa.make_url(db.resolve_url(db_url)).password:
+    if db_url and sa.make_url(store.resolve_url(db_url)).password:
         raise AblateError("--db carries a password, which Prefect would keep in plain text in every deployment's "
                           "parameters: deploy without --db and give the workers ABLATE_DB_URL in their environment (as "
                           "docker-compose.yml does), or use the URL without its password plus PGPASSWORD or ~/.pgpass")

@@ -32,8 +32,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ablate import db, runner
-from ablate.errors import AblateError
+from ablate import runner, store
+from ablate.config.errors import AblateError
 
 POLL_SECONDS = float(os.environ.get("ABLATE_DISPATCH_POLL_SECONDS", "5"))
 API_OUTAGE_SECONDS = float(os.environ.get("ABLATE_API_OUTAGE_SECONDS", "900"))  # a Prefect server restart ridden out
@@ -105,8 +105,8 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], dispatches
     known = [fid for fid in live.values() if fid is not None]
     flows = {fr.id: fr for fr in client.read_flow_runs(
         flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=known)), limit=len(known))} if known else {}
-    with db.session_factory(engine)() as session:
-        rows = {r.id: r for r in session.scalars(sa.select(db.Run).where(db.Run.id.in_(list(live))))}
+    with store.session_factory(engine)() as session:
+        rows = {r.id: r for r in session.scalars(sa.select(store.Run).where(store.Run.id.in_(list(live))))}
     waiting = 0
     for rid, fid in list(live.items()):
         state, row = (flows[fid].state if fid in flows else None), rows.get(rid)
@@ -123,7 +123,7 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], dispatches
             del live[rid]
             continue
         if fid is None:  # no flow run known (attached): a run whose trainer is gone is owed
-            if row.status in ("pending", "preempted") or (row.status == "running" and not db.is_live(row)):
+            if row.status in ("pending", "preempted") or (row.status == "running" and not store.is_live(row)):
                 submit(rid)
             continue
         if state is None:
@@ -131,7 +131,7 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], dispatches
         if row.status == "cancelled" and not state.is_final():
             _cancel_flow_run(client, fid, state)
         elif state.is_final():
-            owed = row.status in ("pending", "preempted") or (row.status == "running" and not db.is_live(row))
+            owed = row.status in ("pending", "preempted") or (row.status == "running" and not store.is_live(row))
             if owed and dispatches[rid] < MAX_DISPATCHES and not runner.STOP.is_set():
                 log.warning("run %s is owed (%s) after its trial flow run ended %s: dispatched again, it resumes "
                             "from its last checkpoint", rid, row.status, state.name)
@@ -140,7 +140,7 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], dispatches
                 results[rid] = row.status
                 del live[rid]
         elif state.is_running() and _dead(row, state):
-            beat = f"{(db.utcnow() - row.heartbeat_at).total_seconds():.0f} s ago" if row.heartbeat_at else "never"
+            beat = f"{(store.utcnow() - row.heartbeat_at).total_seconds():.0f} s ago" if row.heartbeat_at else "never"
             log.warning("run %s: its trainer on %s last beat %s (the machine or its worker died): its trial flow run "
                         "is marked Crashed, freeing the pool slot, and the run is dispatched again; it resumes from "
                         "its last checkpoint on any worker", rid, row.host or "an unknown host", beat)
@@ -152,17 +152,17 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], dispatches
     return waiting
 
 
-def _settled_long_ago(row: db.Run, fid: Any) -> bool:
+def _settled_long_ago(row: store.Run, fid: Any) -> bool:
     """Whether an outcome in the row is old enough to be taken over a flow run that has not caught up (at once
     when there is no flow run to wait for)."""
     if fid is None or row.finished_at is None:
         return fid is None
-    return (db.utcnow() - row.finished_at).total_seconds() > db.STALE_SECONDS
+    return (store.utcnow() - row.finished_at).total_seconds() > store.STALE_SECONDS
 
 
 def run_tag(engine: sa.Engine) -> Any:
     """The tag of a run's trial flow runs (database and run id): a later sweep flow run finds them by it."""
-    database = db.database_id(engine)[:12]
+    database = store.database_id(engine)[:12]
     return lambda rid: f"ablate-run:{database}:{rid}"
 
 
@@ -203,14 +203,14 @@ def ride_out(call: Any, log: Any, what: str) -> Any:
             wait = min(wait * 2, 30.0)
 
 
-def _dead(row: db.Run, state: Any) -> bool:
+def _dead(row: store.Run, state: Any) -> bool:
     """Whether a Running trial flow run's trainer is gone: its run is `running` with a stale heartbeat (or its
     processes are gone from this host), or it never claimed its run within the stale limit."""
     if row.status == "running":
-        return not db.is_live(row)
+        return not store.is_live(row)
     if row.status in ("pending", "preempted") and state.timestamp is not None:
         since = state.timestamp.astimezone(dt.timezone.utc).replace(tzinfo=None)
-        return (db.utcnow() - since).total_seconds() > db.STALE_SECONDS
+        return (store.utcnow() - since).total_seconds() > store.STALE_SECONDS
     return False
 
 
@@ -276,7 +276,7 @@ def label_sweep_flow_run(engine: sa.Engine, name: str) -> None:
     from prefect.runtime import flow_run
 
     with get_client(sync_client=True) as client:
-        client.update_flow_run_labels(flow_run.id, {SWEEP_LABEL: name, DB_LABEL: db.database_id(engine)})
+        client.update_flow_run_labels(flow_run.id, {SWEEP_LABEL: name, DB_LABEL: store.database_id(engine)})
 
 
 def cancel_sweep_of(flow_run_id: Any) -> str | None:
@@ -294,8 +294,8 @@ def cancel_sweep_of(flow_run_id: Any) -> str | None:
         name, database = flow_run.labels.get(SWEEP_LABEL), flow_run.labels.get(DB_LABEL)
         if not name:
             return None
-        engine = db.connect(flow_run.parameters.get("db_url"))
-        if db.database_id(engine) != database:
+        engine = store.connect(flow_run.parameters.get("db_url"))
+        if store.database_id(engine) != database:
             raise AblateError(f"sweep {name!r}: the database at {engine.url!r} is not the one this flow run "
                               f"registered it in ({database}); cancel it there with `ablate sweep cancel {name}`")
         waiting, stopping, _ = runner.cancel(engine, name, wait=0)
@@ -319,7 +319,7 @@ def cancel_trials(client: Any, engine: sa.Engine, live: dict[int, Any], log: Any
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     with engine.begin() as conn:
-        conn.execute(sa.update(db.Run).where(db.Run.id.in_(list(live)), db.Run.status.in_(
+        conn.execute(sa.update(store.Run).where(store.Run.id.in_(list(live)), store.Run.status.in_(
             ("pending", "preempted", "failed", "running"))).values(status="cancelled"))
     if live:
         for fr in client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(live.values()))),

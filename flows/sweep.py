@@ -20,8 +20,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Cancelled
 
-from ablate import db, runner
-from ablate.errors import AblateError
+from ablate import runner, store
+from ablate.config.errors import AblateError
 
 
 class TrialFailed(Exception):
@@ -52,14 +52,14 @@ def trial(run_id: int, db_url: str | None = None, artifacts: str = "results/arti
     status = runner.run_trial(run_id, opts)
     get_run_logger().info("run %s: %s", run_id, status)
     if status == "failed":
-        raise TrialFailed(f"run {run_id} failed: {_reason(db.connect(db_url), run_id)}")
+        raise TrialFailed(f"run {run_id} failed: {_reason(store.connect(db_url), run_id)}")
     if status == "cancelled":
         return Cancelled(message=f"run {run_id} was cancelled")
     return status
 
 
 def _reason(engine: Any, run_id: int) -> str:
-    error = (db.get_run(engine, run_id).error or "").strip()
+    error = (store.get_run(engine, run_id).error or "").strip()
     return error.splitlines()[0][:300] if error else "no error recorded"
 
 
@@ -113,7 +113,7 @@ def _sweep(log: Any, spec: str, db_url: str | None, artifacts: str, gpu_slots: i
         check_deployment(hardware)
     parsed, sweep_id, run_ids = runner.register(spec, db_url, say=log.info, overrides=overrides, merge=merge,
                                                 artifacts=Path(artifacts) if prepare_data else None)
-    engine = db.connect(db_url)
+    engine = store.connect(db_url)
     if retry_failed:  # the user's word: run cancelled runs again (trial flows never claim a cancelled run)
         runner.uncancel(engine, run_ids)
     todo = runner.runs_to_do(engine, sweep_id, run_ids, retry_failed=retry_failed)
@@ -147,7 +147,7 @@ def _run_here(parsed: Any, todo: list[int], kwargs: dict, gpu_slots: int, thread
 
     def one(rid: int, gpu_ids: list[int] | None) -> None:
         trial(rid, **kwargs, gpu_ids=gpu_ids, return_state=True)  # a failed trial is in its row, read below
-        results[rid] = db.get_run(engine, rid).status
+        results[rid] = store.get_run(engine, rid).status
 
     if slots == 1:
         for rid in todo:

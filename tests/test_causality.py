@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from ablate import models
-from ablate.errors import SpecError
+from ablate.config.errors import SpecError
 from ablate.models.mod import RoutedLayer
-from ablate.spec import TrialConfig, expand_grid, parse_spec
+from ablate.config import TrialConfig, expand_grid, parse_spec
 
 VOCAB, BATCH, CONTEXT = 32, 3, 8
 SIZES = dict(d_model=16, layers=2, heads=2, context=CONTEXT, lr=1e-3, batch_size=BATCH)

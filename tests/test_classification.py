@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from ablate import db, objectives
-from ablate.errors import AblateError, SpecError
-from ablate.spec import TrialConfig, load_trials, parse_spec
+from ablate import objectives, store
+from ablate.config.errors import AblateError, SpecError
+from ablate.config import TrialConfig, load_trials, parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "tests" / "data" / "imdb-sample.jsonl"
@@ -86,11 +86,11 @@ def test_training_records_test_accuracy_and_fits_the_training_labels(tmp_path, s
     _, _, ids = runner.register(spec, sqlite_url)
     from ablate.train import Settings, train
 
-    engine = db.connect(sqlite_url)
+    engine = store.connect(sqlite_url)
     for run_id in ids:
-        t = TrialConfig.model_validate(db.get_run(engine, run_id).config)
+        t = TrialConfig.model_validate(store.get_run(engine, run_id).config)
         out = train(t, Settings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False))
-        run = db.get_run(engine, run_id)
+        run = store.get_run(engine, run_id)
         assert out["status"] == "completed" and math.isfinite(run.final_eval_loss)
         assert run.final_eval_accuracy in {0.0, 0.2, 0.4, 0.6, 0.8, 1.0}  # 5 held-out reviews
         # it learns the labels it is given: the trained model classifies its 10 training reviews right

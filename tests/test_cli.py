@@ -12,7 +12,7 @@ from pathlib import Path
 import sqlalchemy as sa
 import yaml
 
-from ablate import db
+from ablate import store
 from ablate.cli import main
 from tests.waiting import patience
 
@@ -48,7 +48,7 @@ def test_invalid_spec_writes_nothing_to_the_db(tmp_path, db_url):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad))
     assert main(["sweep", "register", str(path), "--db", db_url]) == 2
-    engine = db.connect(db_url)
+    engine = store.connect(db_url)
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM runs")).scalar() == 0
         assert conn.execute(sa.text("SELECT count(*) FROM sweeps")).scalar() == 0
@@ -91,12 +91,12 @@ def test_dead_database_error_from_the_cli(capsys):
 
 def test_documented_views_answer_the_common_questions(db_url, capsys):
     assert main(["sweep", "register", SMOKE, "--db", db_url]) == 0
-    engine = db.connect(db_url)
+    engine = store.connect(db_url)
     with engine.connect() as conn:
-        ids = conn.execute(sa.select(db.Run.id).order_by(db.Run.id)).scalars().all()
+        ids = conn.execute(sa.select(store.Run.id).order_by(store.Run.id)).scalars().all()
     for rid, loss in zip(ids, (3.0, 2.5, 2.8, 2.9)):
-        db.update_run(engine, rid, status="completed", final_eval_loss=loss)
-        db.write_metrics(engine, rid, [dict(step=int(4 * s), split="eval", elapsed_seconds=s, tokens=int(40 * s), loss=loss + 1 - s / 15,
+        store.update_run(engine, rid, status="completed", final_eval_loss=loss)
+        store.write_metrics(engine, rid, [dict(step=int(4 * s), split="eval", elapsed_seconds=s, tokens=int(40 * s), loss=loss + 1 - s / 15,
                                             lr=None) for s in (3.75, 7.5, 15)])
     capsys.readouterr()
     assert main(["sql", "SELECT architecture, d_model, final_eval_loss FROM best_runs ORDER BY architecture",
@@ -117,10 +117,10 @@ def test_sweep_status_and_cancel(sqlite_url, capsys):
     from ablate import runner
 
     assert main(["sweep", "register", SMOKE, "--db", sqlite_url]) == 0
-    engine = db.connect(sqlite_url)
+    engine = store.connect(sqlite_url)
     with engine.connect() as conn:
-        ids = conn.execute(sa.select(db.Run.id).order_by(db.Run.id)).scalars().all()
-    db.update_run(engine, ids[0], status="completed", final_train_loss=2.5, final_eval_loss=2.75, steps=10)
+        ids = conn.execute(sa.select(store.Run.id).order_by(store.Run.id)).scalars().all()
+    store.update_run(engine, ids[0], status="completed", final_train_loss=2.5, final_eval_loss=2.75, steps=10)
     capsys.readouterr()
     assert main(["sweep", "status", "smoke", "--db", sqlite_url, "--format", "table"]) == 0
     out = capsys.readouterr().out
@@ -132,9 +132,9 @@ def test_sweep_status_and_cancel(sqlite_url, capsys):
     assert main(["sweep", "cancel", "smoke", "--db", sqlite_url]) == 0
     assert "3 waiting runs cancelled" in capsys.readouterr().out
     with engine.connect() as conn:
-        statuses = conn.execute(sa.select(db.Run.status).order_by(db.Run.id)).scalars().all()
+        statuses = conn.execute(sa.select(store.Run.status).order_by(store.Run.id)).scalars().all()
     assert statuses == ["completed", "cancelled", "cancelled", "cancelled"]
-    sweep_id = db.get_run(engine, ids[0]).sweep_id
+    sweep_id = store.get_run(engine, ids[0]).sweep_id
     assert runner.runs_to_do(engine, sweep_id, ids) == []
     assert main(["sweep", "status", "smok", "--db", sqlite_url]) == 2
     assert "did you mean 'smoke'" in capsys.readouterr().err
@@ -152,11 +152,11 @@ def test_an_edited_sweep_drops_its_removed_unfinished_runs_and_keeps_results(sql
     path = tmp_path / "smoke.yaml"
     path.write_text(yaml.safe_dump(spec))
     assert main(["sweep", "register", str(path), "--db", sqlite_url]) == 0
-    engine = db.connect(sqlite_url)
+    engine = store.connect(sqlite_url)
     runs = {(r.architecture, r.d_model): r.id for r in __import__("ablate.runner").runner.sweep_runs(engine, "smoke")}
-    db.update_run(engine, runs[("mixer", 64)], status="failed", attempts=3, error="boom")
-    db.update_run(engine, runs[("mixer", 128)], status="completed", final_eval_loss=3.0)
-    db.write_metrics(engine, runs[("mixer", 64)], [dict(step=1, split="train", elapsed_seconds=1, tokens=1, loss=5.0,
+    store.update_run(engine, runs[("mixer", 64)], status="failed", attempts=3, error="boom")
+    store.update_run(engine, runs[("mixer", 128)], status="completed", final_eval_loss=3.0)
+    store.write_metrics(engine, runs[("mixer", 64)], [dict(step=1, split="train", elapsed_seconds=1, tokens=1, loss=5.0,
                                                          lr=1e-3)])
     spec["grid"] = [{"architecture": "llama", "heads": 4, "d_model": [64, 128]}]  # the mixers are edited out
     path.write_text(yaml.safe_dump(spec))
@@ -164,8 +164,8 @@ def test_an_edited_sweep_drops_its_removed_unfinished_runs_and_keeps_results(sql
     assert main(["sweep", "register", str(path), "--db", sqlite_url]) == 0
     assert "dropped 1 unfinished run(s) whose trial is no longer in" in capsys.readouterr().out
     with engine.connect() as conn:
-        left = dict(conn.execute(sa.select(db.Run.id, db.Run.status)).all())
-        points = conn.execute(sa.select(sa.func.count()).select_from(db.Metric)).scalar()
+        left = dict(conn.execute(sa.select(store.Run.id, store.Run.status)).all())
+        points = conn.execute(sa.select(sa.func.count()).select_from(store.Metric)).scalar()
     assert runs[("mixer", 64)] not in left and points == 0  # the failed run and its points are gone
     assert left[runs[("mixer", 128)]] == "completed"  # a result stays
 

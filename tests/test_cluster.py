@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from ablate import db
+from ablate import store
 from tests.test_deploy import free_port, wait_healthy
 from tests.waiting import Deadline, patience, wait_until
 
@@ -207,11 +207,11 @@ def cluster(tmp_path_factory):
 def test_a_machine_that_dies_mid_trial_loses_its_run_to_the_other_worker_which_resumes_it(cluster):
     t0 = time.monotonic()
     flow_run_id = cluster.deployment_run("sweep/resume", "checkpoint_every=2")
-    engine = db.connect(cluster.url)
+    engine = store.connect(cluster.url)
 
     def run_row():
         with engine.connect() as conn:
-            return conn.execute(sa.select(db.Run).join(db.Sweep).where(db.Sweep.name == "resume")).first()
+            return conn.execute(sa.select(store.Run).join(store.Sweep).where(store.Sweep.name == "resume")).first()
 
     deadline = Deadline(240)
     while True:  # training, with a checkpoint on disk and points in the DB
@@ -225,7 +225,7 @@ def test_a_machine_that_dies_mid_trial_loses_its_run_to_the_other_worker_which_r
     row = run_row()
     victim = next(w for w in cluster.workers if row.pid in _tree(w.pid))
     with engine.connect() as conn:
-        kept = conn.execute(sa.select(sa.func.max(db.Metric.id)).where(db.Metric.run_id == row.id)).scalar()
+        kept = conn.execute(sa.select(sa.func.max(store.Metric.id)).where(store.Metric.run_id == row.id)).scalar()
     killed_at = time.monotonic()
     _kill_tree(victim.pid, signal.SIGKILL)  # the machine dies: worker, flow run process and trainer at once
 
@@ -253,8 +253,8 @@ def test_a_machine_that_dies_mid_trial_loses_its_run_to_the_other_worker_which_r
     survivor = next(w for w in cluster.workers if w is not victim)
     assert survivor.poll() is None
     with engine.connect() as conn:
-        points = conn.execute(sa.select(db.Metric.id, db.Metric.step).where(
-            db.Metric.run_id == done.id, db.Metric.split == "train").order_by(db.Metric.step)).all()
+        points = conn.execute(sa.select(store.Metric.id, store.Metric.step).where(
+            store.Metric.run_id == done.id, store.Metric.split == "train").order_by(store.Metric.step)).all()
     steps = [p.step for p in points]
     assert steps == sorted(set(steps)) and steps[0] > 0, steps  # one point per step logged, in order
     before = [p for p in points if p.id <= kept]
@@ -282,9 +282,9 @@ def test_an_offline_hub_dataset_fails_the_sweep_before_any_trial_with_one_messag
     flow_run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out.stdout).group(1)
     logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
     assert "cannot load 'roneneldan/TinyStories' from the HuggingFace hub (HF_HUB_OFFLINE is set" in logs, logs[-2000:]
-    engine = db.connect(cluster.url)
+    engine = store.connect(cluster.url)
     with engine.connect() as conn:  # nothing registered, nothing dispatched
-        assert conn.execute(sa.select(sa.func.count()).select_from(db.Sweep).where(db.Sweep.name == "hub")).scalar() == 0
+        assert conn.execute(sa.select(sa.func.count()).select_from(store.Sweep).where(store.Sweep.name == "hub")).scalar() == 0
 
 
 def test_a_pool_without_a_worker_is_said_in_the_sweep_log_and_a_cancel_reaches_its_trials(cluster):
@@ -298,12 +298,12 @@ def test_a_pool_without_a_worker_is_said_in_the_sweep_log_and_a_cancel_reaches_i
         time.sleep(1)
     print(f"timings: 'no live worker' in the sweep log {time.monotonic() - t0:.1f} s after the deployment run")
     assert "work pool 'idle' has no live worker" in logs
-    engine = db.connect(cluster.url)
+    engine = store.connect(cluster.url)
 
     def trials() -> list:
         with engine.connect() as conn:
-            return conn.execute(sa.select(db.Run.id, db.Run.status).join(db.Sweep)
-                                .where(db.Sweep.name == "nobody")).all()
+            return conn.execute(sa.select(store.Run.id, store.Run.status).join(store.Sweep)
+                                .where(store.Sweep.name == "nobody")).all()
 
     runs = wait_until(lambda: len(found := cluster.trial_flow_runs_of(flow_run_id)) == 2 and found, 60,
                       "both trials dispatched")
@@ -320,7 +320,7 @@ def test_a_pool_without_a_worker_is_said_in_the_sweep_log_and_a_cancel_reaches_i
         raise AssertionError(f"{exc}: {trials()}; the sweep flow run is {state.name} ({state.message}); "
                              f"its log ends:\n{logs[-3000:]}") from None
     print(f"timings: a stuck sweep flow's runs cancelled {time.monotonic() - t1:.1f} s after `flow-run cancel`")
-    assert not db.pid_alive(flow_pid)
+    assert not store.pid_alive(flow_pid)
     wait_until(lambda: cluster.flow_run(flow_run_id).state.is_cancelled(), 30, "the sweep flow run Cancelled")
     # its trial flow runs, waiting for a worker that never came, are cancelled too: no worker will start them
     for run in runs:
@@ -332,12 +332,12 @@ def test_a_pool_without_a_worker_is_said_in_the_sweep_log_and_a_cancel_reaches_i
 
 def test_cancelling_a_sweep_flow_run_leaves_no_trainer_running_within_30_s(cluster):
     flow_run_id = cluster.deployment_run("sweep/cancel")
-    engine = db.connect(cluster.url)
+    engine = store.connect(cluster.url)
     deadline = Deadline(240)
     while True:
         with engine.connect() as conn:
-            rows = conn.execute(sa.select(db.Run.id, db.Run.status, db.Run.last_step).join(db.Sweep)
-                                .where(db.Sweep.name == "cancel")).all()
+            rows = conn.execute(sa.select(store.Run.id, store.Run.status, store.Run.last_step).join(store.Sweep)
+                                .where(store.Sweep.name == "cancel")).all()
         ids = [r.id for r in rows]
         if rows and all(r.status == "running" and r.last_step for r in rows) and len(trainers(ids)) == 2:
             break
@@ -352,7 +352,7 @@ def test_cancelling_a_sweep_flow_run_leaves_no_trainer_running_within_30_s(clust
     deadline = Deadline(60)
     while True:
         with engine.connect() as conn:
-            statuses = conn.execute(sa.select(db.Run.status).where(db.Run.id.in_(ids))).scalars().all()
+            statuses = conn.execute(sa.select(store.Run.status).where(store.Run.id.in_(ids))).scalars().all()
         if statuses == ["cancelled", "cancelled"]:
             break
         if deadline.passed():  # what the sweep flow saw, for the failure message
@@ -369,12 +369,12 @@ def test_a_prefect_server_restart_mid_sweep_is_ridden_out_and_nothing_is_trained
     out, trials that ended meanwhile are read from the DB, the waiting one runs after; a second run of the
     deployment trains nothing again."""
     flow_run_id = cluster.deployment_run("sweep/outage")
-    engine = db.connect(cluster.url)
+    engine = store.connect(cluster.url)
 
     def rows():
         with engine.connect() as conn:
-            return conn.execute(sa.select(db.Run.id, db.Run.status, db.Run.attempts, db.Run.last_step).join(db.Sweep)
-                                .where(db.Sweep.name == "outage").order_by(db.Run.id)).all()
+            return conn.execute(sa.select(store.Run.id, store.Run.status, store.Run.attempts, store.Run.last_step).join(store.Sweep)
+                                .where(store.Sweep.name == "outage").order_by(store.Run.id)).all()
 
     deadline = Deadline(240)
     while sum(r.status == "running" and (r.last_step or 0) > 0 for r in rows()) < 2:
@@ -405,11 +405,11 @@ def test_a_search_flow_run_on_a_dead_machine_is_marked_crashed(cluster):
     """Search flow runs have no sweep flow watching them: the automation `ablate deploy` makes marks one whose
     heartbeats stopped Crashed (freeing its pool slot); its trial resumes with the next search flow run."""
     flow_run_id = cluster.deployment_run("search/zombie")
-    engine = db.connect(cluster.url)
+    engine = store.connect(cluster.url)
     deadline = Deadline(240)
     while True:
         with engine.connect() as conn:
-            row = conn.execute(sa.select(db.Run).join(db.Sweep).where(db.Sweep.name == "zombie")).first()
+            row = conn.execute(sa.select(store.Run).join(store.Sweep).where(store.Sweep.name == "zombie")).first()
         if row is not None and row.status == "running" and row.pid and (row.last_step or 0) > 0:
             break
         deadline.check(row)

@@ -127,11 +127,12 @@ def test_the_commands_the_services_run_exist():
 
 
 def test_the_code_version_comes_from_the_image_stamp_without_a_checkout(monkeypatch, tmp_path):
-    from ablate import db
+    from ablate.store import register
 
     monkeypatch.setenv("ABLATE_CODE_VERSION", "abc1234")
-    monkeypatch.setattr(db, "__file__", str(tmp_path / "ablate" / "db.py"))  # as in an image: no .git above it
-    assert db.code_version() == "abc1234"
+    # as in an image: no .git above it
+    monkeypatch.setattr(register, "__file__", str(tmp_path / "ablate" / "store" / "register.py"))
+    assert register.code_version() == "abc1234"
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="Debian's docker-compose is not installed "
@@ -155,7 +156,7 @@ def test_docker_compose_config_accepts_the_file_and_refuses_it_without_a_passwor
 def test_deploy_without_a_server_says_what_to_do(monkeypatch):
     import socket
 
-    from ablate.errors import AblateError
+    from ablate.config.errors import AblateError
     from flows.deploy import wait_for_api
     from prefect.settings import PREFECT_API_URL, temporary_settings
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from ablate.data import get_tokenizer, load_documents, prepare, train_eval_documents
-from ablate.errors import AblateError
-from ablate.spec import DatasetRef, TokenizerRef
+from ablate.config.errors import AblateError
+from ablate.config import DatasetRef, TokenizerRef
 
 from conftest import TEST_DATA
 

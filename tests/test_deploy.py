@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from ablate import db
+from ablate import store
 from tests.waiting import patience, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -85,10 +85,10 @@ def test_prefect_deployment_run_sweep_smoke_with_a_local_server_and_workers(tmp_
                                  "--watch-timeout", "400"], env=env, cwd=REPO, capture_output=True, text=True,
                                 timeout=patience(450))
         assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-        engine = db.connect(url)
+        engine = store.connect(url)
         with engine.connect() as conn:
-            statuses = conn.execute(sa.select(db.Run.status)).scalars().all()
-            metrics = conn.execute(sa.select(sa.func.count()).select_from(db.Metric)).scalar()
+            statuses = conn.execute(sa.select(store.Run.status)).scalars().all()
+            metrics = conn.execute(sa.select(sa.func.count()).select_from(store.Metric)).scalar()
         assert statuses == ["completed", "completed"] and metrics > 4
     finally:
         for proc in reversed(procs):

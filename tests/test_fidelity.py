@@ -15,9 +15,9 @@ import torch
 import yaml
 
 from ablate import budget as bud
-from ablate import db, objectives
-from ablate.errors import SpecError
-from ablate.spec import RECIPES, TrialConfig, describe_recipe, fingerprint, load_spec, load_trials, parse_spec
+from ablate import objectives, store
+from ablate.config.errors import SpecError
+from ablate.config import RECIPES, TrialConfig, describe_recipe, fingerprint, load_spec, load_trials, parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEPS = REPO / "sweeps"
@@ -107,7 +107,7 @@ def test_fields_added_at_their_earlier_values_keep_earlier_fingerprints():
 
 
 def load_trials_of(data: dict) -> list[TrialConfig]:
-    from ablate.spec import expand_grid
+    from ablate.config import expand_grid
 
     return expand_grid(parse_spec(data))
 
@@ -173,7 +173,7 @@ def test_finemath_trains_no_tokenizer_of_its_own_but_reuses_finewebs():
 
 def test_a_tokenizer_trained_on_another_corpus_reads_that_corpus(tmp_path):
     from ablate.data import get_tokenizer
-    from ablate.spec import DatasetRef, TokenizerRef
+    from ablate.config import DatasetRef, TokenizerRef
 
     corpus = tmp_path / "other.txt"
     corpus.write_text("\n\n".join(f"zebra quokka {i} narwhal" for i in range(200)))
@@ -208,10 +208,10 @@ def test_the_run_records_its_precision_its_hardware_mismatch_and_the_report_prin
     spec.write_text(yaml.safe_dump(data))
     url = f"sqlite:///{tmp_path / 'r.db'}"
     _, _, ids = runner.register(spec, url)
-    engine = db.connect(url)
-    t = TrialConfig.model_validate(db.get_run(engine, ids[0]).config)
+    engine = store.connect(url)
+    t = TrialConfig.model_validate(store.get_run(engine, ids[0]).config)
     out = train(t, Settings(artifacts=tmp_path / "art", db_url=url, run_id=ids[0], progress=False))
-    run = db.get_run(engine, ids[0])
+    run = store.get_run(engine, ids[0])
     assert out["status"] == "completed" and run.precision == "fp32"  # auto on a CPU
     assert run.notes["hardware"] == {"profile": "rtx3060", "device": "cpu", "mismatch": True}
     text = (build_report("hw", url, tmp_path / "rep", formats=("md",)).out / "report.md").read_text()

@@ -15,7 +15,8 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from ablate import db, runner
+from ablate import runner, store
+from ablate.config import TrialConfig
 from tests.waiting import Deadline, patience
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,21 +59,21 @@ def flow_run_logs(flow_run_id, until: str, timeout: float = 30) -> list[str]:
 
 
 def statuses(url: str) -> dict[int, str]:
-    with db.connect(url).connect() as conn:
-        return dict(conn.execute(sa.select(db.Run.id, db.Run.status)).all())
+    with store.connect(url).connect() as conn:
+        return dict(conn.execute(sa.select(store.Run.id, store.Run.status)).all())
 
 
 def metric_count(url: str, run_id: int | None = None) -> int:
-    q = sa.select(sa.func.count()).select_from(db.Metric)
+    q = sa.select(sa.func.count()).select_from(store.Metric)
     if run_id is not None:
-        q = q.where(db.Metric.run_id == run_id)
-    with db.connect(url).connect() as conn:
+        q = q.where(store.Metric.run_id == run_id)
+    with store.connect(url).connect() as conn:
         return conn.execute(q).scalar()
 
 
 @pytest.mark.slow
 def test_smoke_sweep_end_to_end_then_only_what_is_owed(prefect_harness, tmp_path, monkeypatch):
-    from ablate import warm
+    from ablate.runner import warm
     from flows.sweep import sweep
 
     monkeypatch.delenv("ABLATE_WARM_TRAINER", raising=False)
@@ -99,7 +100,7 @@ def test_smoke_sweep_end_to_end_then_only_what_is_owed(prefect_harness, tmp_path
     assert metric_count(url) == before
 
     victim = sorted(result)[1]
-    db.update_run(db.connect(url), victim, status="failed")
+    store.update_run(store.connect(url), victim, status="failed")
     again = sweep(spec=str(spec), db_url=url, artifacts=art)
     assert again == {victim: "completed"}  # only the failed one runs
     assert len(forked) == 4  # alone, it started cold: a helper is worth it only for several trials
@@ -119,10 +120,10 @@ def test_killed_trial_is_resumed_by_the_next_sweep_without_duplicate_metrics(pre
     art = tmp_path / "art"
     # a trainer started as the runner would, killed once it has a checkpoint and metrics past it
     opts = runner.RunOptions(db_url=url, artifacts=art, checkpoint_every=1.0, threads=1)
-    db.claim_run(db.connect(url), run_id, "test")
-    proc = subprocess.Popen(runner.trainer_command(runner.TrialConfig.model_validate(db.get_run(db.connect(url), run_id).config), run_id, opts),
+    store.claim_run(store.connect(url), run_id, "test")
+    proc = subprocess.Popen(runner.trainer_command(TrialConfig.model_validate(store.get_run(store.connect(url), run_id).config), run_id, opts),
                             env={**os.environ, "ABLATE_DB_URL": url, "ABLATE_CLAIMANT": "test"})
-    db.update_run(db.connect(url), run_id, pid=proc.pid)
+    store.update_run(store.connect(url), run_id, pid=proc.pid)
     deadline = Deadline(180)
     while not deadline.passed() and not (list(art.glob("runs/*/*/checkpoint.pt")) and metric_count(url, run_id) >= 3):
         time.sleep(0.2)
@@ -130,13 +131,13 @@ def test_killed_trial_is_resumed_by_the_next_sweep_without_duplicate_metrics(pre
     assert proc.poll() is None, "the trainer finished before it could be killed: raise `steps`"
     proc.kill()
     proc.wait()
-    assert runner.classify(db.connect(url), run_id, proc.returncode) == "preempted"
+    assert runner.classify(store.connect(url), run_id, proc.returncode) == "preempted"
     result = sweep(spec=str(spec), db_url=url, artifacts=str(art), checkpoint_every=1.0)
     assert result == {run_id: "completed"}
-    with db.connect(url).connect() as conn:
-        pairs = conn.execute(sa.select(db.Metric.split, db.Metric.step).where(db.Metric.run_id == run_id)).all()
+    with store.connect(url).connect() as conn:
+        pairs = conn.execute(sa.select(store.Metric.split, store.Metric.step).where(store.Metric.run_id == run_id)).all()
     assert len(pairs) == len(set(pairs))
-    assert db.get_run(db.connect(url), run_id).steps == steps
+    assert store.get_run(store.connect(url), run_id).steps == steps
 
 
 @pytest.mark.slow
@@ -175,14 +176,14 @@ def test_the_sweep_flow_runs_a_study_sweep_on_a_local_corpus_and_one_gpu_by_its_
     result = sweep(spec=str(spec), db_url=url, artifacts=str(tmp_path / "art"), source="ablate:tinystories-sample",
                    holdout=20, gpus=1, hardware="cpu")
     assert list(result.values()) == ["completed"]
-    run = db.get_run(db.connect(url), next(iter(result)))
+    run = store.get_run(store.connect(url), next(iter(result)))
     assert run.config["budget"]["gpus"] == 1 and run.config["grad_accum"] == 2 and run.config["batch_size"] == 2
     assert run.config["dataset"]["eval"]["holdout"] == 20 and run.config["eos_is_target"] is False
 
 
 @pytest.mark.slow
 def test_a_hardware_override_with_no_pool_is_refused_before_anything_is_registered(prefect_harness, tmp_path):
-    from ablate.errors import AblateError
+    from ablate.config.errors import AblateError
     from flows.sweep import sweep
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
@@ -195,20 +196,20 @@ def test_a_hardware_override_with_no_pool_is_refused_before_anything_is_register
 def test_runs_to_do_rules(sqlite_url, tmp_path):
     spec = smoke_spec(tmp_path)
     _, sweep_id, ids = runner.register(spec, sqlite_url)
-    engine = db.connect(sqlite_url)
-    db.update_run(engine, ids[0], status="completed")
-    db.update_run(engine, ids[1], status="failed", attempts=runner.MAX_ATTEMPTS)
-    stale = db.utcnow() - dt.timedelta(seconds=db.STALE_SECONDS + 1)
-    db.update_run(engine, ids[2], status="running", heartbeat_at=stale)  # its claimant died (any host)
+    engine = store.connect(sqlite_url)
+    store.update_run(engine, ids[0], status="completed")
+    store.update_run(engine, ids[1], status="failed", attempts=runner.MAX_ATTEMPTS)
+    stale = store.utcnow() - dt.timedelta(seconds=store.STALE_SECONDS + 1)
+    store.update_run(engine, ids[2], status="running", heartbeat_at=stale)  # its claimant died (any host)
     assert runner.runs_to_do(engine, sweep_id, ids) == [ids[2], ids[3]]
     assert runner.runs_to_do(engine, sweep_id, ids, retry_failed=True) == [ids[1], ids[2], ids[3]]
-    db.update_run(engine, ids[3], status="running", heartbeat_at=db.utcnow())  # a live claimant, on any host
+    store.update_run(engine, ids[3], status="running", heartbeat_at=store.utcnow())  # a live claimant, on any host
     assert runner.runs_to_do(engine, sweep_id, ids) == [ids[2]]
 
 
 def test_trainer_command_uses_torchrun_for_several_gpus(tmp_path):
     spec = smoke_spec(tmp_path, gpus=4)
-    from ablate.spec import load_trials
+    from ablate.config import load_trials
 
     _, trials = load_trials(spec)
     cmd = runner.trainer_command(trials[0], 7, runner.RunOptions(db_url="sqlite:///x.db"))

@@ -22,8 +22,8 @@ import sqlalchemy as sa
 import torch
 import yaml
 
-from ablate import db, runner
-from ablate.errors import AblateError
+from ablate import runner, store
+from ablate.config.errors import AblateError
 from ablate.train import Settings, train
 from test_train import make_trial, metric_rows, registered
 from tests.waiting import Deadline, patience
@@ -84,36 +84,36 @@ def at_once(fn, n: int) -> tuple[list, list[Exception]]:
 
 def test_racing_claims_on_one_run_have_exactly_one_winner(any_url, tmp_path):
     _, _, ids = runner.register(grid_spec(tmp_path), any_url)
-    engine = db.connect(any_url)
-    outcomes, errors = at_once(lambda i: (f"contender-{i}", db.claim_run(engine, ids[0], f"contender-{i}")), 8)
+    engine = store.connect(any_url)
+    outcomes, errors = at_once(lambda i: (f"contender-{i}", store.claim_run(engine, ids[0], f"contender-{i}")), 8)
     wins = [who for who, won in outcomes if won]
     assert not errors and len(wins) == 1
-    run = db.get_run(engine, ids[0])
+    run = store.get_run(engine, ids[0])
     assert run.claimed_by == wins[0] and run.status == "running" and run.attempts == 1
 
 
 def test_a_stale_claim_is_taken_over_and_the_old_claimant_is_fenced_off(any_url, tmp_path):
     _, _, ids = runner.register(grid_spec(tmp_path), any_url)
-    engine = db.connect(any_url)
-    assert db.claim_run(engine, ids[0], "host-a:1:x")
-    assert not db.claim_run(engine, ids[0], "host-b:1:y")  # live: refused
-    stale = db.utcnow() - dt.timedelta(seconds=db.STALE_SECONDS + 5)
-    db.update_run(engine, ids[0], heartbeat_at=stale)  # host-a died
-    assert db.claim_run(engine, ids[0], "host-b:1:y")
-    assert not db.heartbeat(engine, ids[0], "host-a:1:x")  # a back-from-the-dead host learns it lost the run
-    assert not db.update_run(engine, ids[0], claimant="host-a:1:x", status="completed")
-    run = db.get_run(engine, ids[0])
+    engine = store.connect(any_url)
+    assert store.claim_run(engine, ids[0], "host-a:1:x")
+    assert not store.claim_run(engine, ids[0], "host-b:1:y")  # live: refused
+    stale = store.utcnow() - dt.timedelta(seconds=store.STALE_SECONDS + 5)
+    store.update_run(engine, ids[0], heartbeat_at=stale)  # host-a died
+    assert store.claim_run(engine, ids[0], "host-b:1:y")
+    assert not store.heartbeat(engine, ids[0], "host-a:1:x")  # a back-from-the-dead host learns it lost the run
+    assert not store.update_run(engine, ids[0], claimant="host-a:1:x", status="completed")
+    run = store.get_run(engine, ids[0])
     assert run.status == "running" and run.claimed_by == "host-b:1:y" and run.attempts == 2
 
 
 def test_claims_do_not_take_finished_or_cancelled_runs(sqlite_url, tmp_path):
     _, _, ids = runner.register(grid_spec(tmp_path), sqlite_url)
-    engine = db.connect(sqlite_url)
-    db.update_run(engine, ids[0], status="completed")
-    db.update_run(engine, ids[1], status="cancelled")
-    assert not db.claim_run(engine, ids[0], "a", runner.CLAIMABLE)
-    assert not db.claim_run(engine, ids[1], "a", runner.CLAIMABLE)
-    assert db.claim_run(engine, ids[1], "a", runner.CLAIMABLE + ("cancelled",))  # --retry-failed
+    engine = store.connect(sqlite_url)
+    store.update_run(engine, ids[0], status="completed")
+    store.update_run(engine, ids[1], status="cancelled")
+    assert not store.claim_run(engine, ids[0], "a", runner.CLAIMABLE)
+    assert not store.claim_run(engine, ids[1], "a", runner.CLAIMABLE)
+    assert store.claim_run(engine, ids[1], "a", runner.CLAIMABLE + ("cancelled",))  # --retry-failed
 
 
 def test_concurrent_registration_of_one_sweep_does_not_fail(any_url, tmp_path):
@@ -134,7 +134,7 @@ def test_two_runners_and_a_search_at_once_train_each_trial_exactly_once(any_url,
     art = tmp_path / "art"
     runner.register(spec, any_url)  # the caches, once, so the race is about runs rather than tokenizing
     from ablate.data import prepare
-    from ablate.spec import load_trials
+    from ablate.config import load_trials
 
     trial = load_trials(spec)[1][0]
     prepare(trial.dataset, trial.tokenizer, trial.context, art, progress=False)
@@ -147,10 +147,10 @@ def test_two_runners_and_a_search_at_once_train_each_trial_exactly_once(any_url,
     outputs = [p.communicate(timeout=patience(540))[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], "\n\n".join(  # each process's own ending, whole
         f"--- process {i} exited {p.returncode}:\n{out[-4000:]}" for i, (p, out) in enumerate(zip(procs, outputs)))
-    engine = db.connect(any_url)
+    engine = store.connect(any_url)
     with engine.connect() as conn:
-        runs = conn.execute(sa.select(db.Run.id, db.Run.status, db.Run.attempts)).all()
-        points = conn.execute(sa.select(db.Metric.run_id, db.Metric.split, db.Metric.step)).all()
+        runs = conn.execute(sa.select(store.Run.id, store.Run.status, store.Run.attempts)).all()
+        points = conn.execute(sa.select(store.Metric.run_id, store.Metric.split, store.Metric.step)).all()
     assert len(runs) == 4  # three grid trials and the search's one config
     assert all(r.status == "completed" and r.attempts == 1 for r in runs), runs  # each trained exactly once
     assert len(points) == len(set(points))
@@ -168,7 +168,7 @@ def test_a_fresh_database_never_resumes_another_databases_checkpoint(tmp_path):
         run_id = registered(url, trial)
         assert run_id == 1  # the same run id in both databases
         outs.append(train(trial, Settings(artifacts=art, db_url=url, run_id=run_id, progress=False)))
-    paths = [db.get_run(db.connect(url), 1).checkpoint_path for url in urls]
+    paths = [store.get_run(store.connect(url), 1).checkpoint_path for url in urls]
     assert paths[0] != paths[1] and all(Path(p).exists() for p in paths)
     assert outs[1]["steps"] == 20 and len(metric_rows(urls[1], 1, "train")) == len(metric_rows(urls[0], 1, "train"))
     assert outs[1]["train_seconds"] > 0.5 * outs[0]["train_seconds"]  # trained, not resumed at its end
@@ -192,7 +192,7 @@ def test_checkpoints_load_weights_only_and_a_crafted_one_runs_no_code(tmp_path, 
     run_id = registered(url, trial)
     art = tmp_path / "art"
     train(trial, Settings(artifacts=art, db_url=url, run_id=run_id, progress=False))
-    path = Path(db.get_run(db.connect(url), run_id).checkpoint_path)
+    path = Path(store.get_run(store.connect(url), run_id).checkpoint_path)
     state = torch.load(path, weights_only=True)  # plain tensors and values
     assert set(state) >= {"model", "optimizer", "progress", "rng", "identity"}
     assert load_run_model(run_id, url, art)[0].fingerprint() == trial.fingerprint()
@@ -205,7 +205,7 @@ def test_checkpoints_load_weights_only_and_a_crafted_one_runs_no_code(tmp_path, 
     assert main(["generate", str(run_id), "--prompt", "Once", "--db", url, "--artifacts", str(art)]) == 2
     assert not marker.exists()
     # a row that names a file outside the artifacts folder is not opened
-    db.update_run(db.connect(url), run_id, checkpoint_path=str(tmp_path / "elsewhere" / "checkpoint.pt"))
+    store.update_run(store.connect(url), run_id, checkpoint_path=str(tmp_path / "elsewhere" / "checkpoint.pt"))
     with pytest.raises(AblateError, match="outside the artifacts folder"):
         load_run_model(run_id, url, art)
 
@@ -215,7 +215,7 @@ def test_a_new_attempt_from_step_zero_replaces_the_killed_attempts_points(sqlite
     run_id = registered(sqlite_url, trial)
     # a first attempt killed before its first checkpoint left points behind
     stale = [dict(step=s, split="train", elapsed_seconds=0.1 * s, tokens=s, loss=123.0, lr=None) for s in range(1, 40)]
-    db.write_metrics(db.connect(sqlite_url), run_id, stale)
+    store.write_metrics(store.connect(sqlite_url), run_id, stale)
     train(trial, Settings(artifacts=Path(sqlite_url.removeprefix("sqlite:///")).parent / "art", db_url=sqlite_url,
                           run_id=run_id, progress=False, log_points=10))
     rows = metric_rows(sqlite_url, run_id)
@@ -256,9 +256,9 @@ def test_ctrl_c_stops_the_sweep_cleanly_and_says_how_to_resume(tmp_path):
     while not deadline.passed() and trainer is None:
         time.sleep(1)
         if Path(url.removeprefix("sqlite:///")).exists():
-            with db.connect(url).connect() as conn:
-                trainer = conn.execute(sa.select(db.Run.pid).where(db.Run.status == "running",
-                                                                    db.Run.steps.is_(None), db.Run.pid.isnot(None))).scalar()
+            with store.connect(url).connect() as conn:
+                trainer = conn.execute(sa.select(store.Run.pid).where(store.Run.status == "running",
+                                                                    store.Run.steps.is_(None), store.Run.pid.isnot(None))).scalar()
         assert cli.poll() is None, cli.communicate()
     assert trainer is not None, "no trainer started"
     time.sleep(8)  # past warm-up, into training
@@ -279,7 +279,7 @@ def test_ctrl_c_stops_the_sweep_cleanly_and_says_how_to_resume(tmp_path):
     time.sleep(2)
     assert not [p for p in helpers if runner.pid_alive(p) and Path(f"/proc/{p}").exists()
                 and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]], "a helper outlived the sweep"
-    statuses = runner.sweep_runs(db.connect(url), "claims")
+    statuses = runner.sweep_runs(store.connect(url), "claims")
     assert sorted(r.status for r in statuses) == ["pending", "preempted"]  # the second trial never started
     preempted = next(r for r in statuses if r.status == "preempted")
     assert Path(preempted.checkpoint_path).exists() and preempted.steps > 0
@@ -336,7 +336,7 @@ def _train_under_a_file_size_limit(tmp_path, budget: dict, *args: str):
     proc = subprocess.run([sys.executable, "-m", "ablate.train", "--run-id", str(run_id), "--artifacts", str(art),
                            "--quiet", "--threads", "1", *args], env=cli_env(ABLATE_DB_URL=url), preexec_fn=limit,
                           capture_output=True, text=True, timeout=patience(300))
-    return proc, db.get_run(db.connect(url), run_id), art
+    return proc, store.get_run(store.connect(url), run_id), art
 
 
 def test_a_checkpoint_that_cannot_be_written_fails_the_run_cleanly(tmp_path):
@@ -366,7 +366,7 @@ def test_a_read_only_database_says_read_only(postgres_url, tmp_path, capsys):
 
     spec = grid_spec(tmp_path)
     runner.register(spec, postgres_url)
-    db._ENGINES.clear()
+    store.migrate._ENGINES.clear()
     name = sa.make_url(postgres_url).database
     admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -382,10 +382,10 @@ def test_a_newer_schema_and_a_foreign_database_get_one_clear_message(tmp_path, c
     from ablate.cli import main
 
     url = f"sqlite:///{tmp_path / 'newer.db'}"
-    engine = db.connect(url)
+    engine = store.connect(url)
     with engine.begin() as conn:
-        conn.execute(sa.text(f"UPDATE {db.VERSION_TABLE} SET version_num = '0099'"))
-    db._ENGINES.clear()
+        conn.execute(sa.text(f"UPDATE {store.VERSION_TABLE} SET version_num = '0099'"))
+    store.migrate._ENGINES.clear()
     for argv in (["sweep", "status", "x"], ["sweep", "register", str(grid_spec(tmp_path))]):
         assert main([*argv, "--db", url]) == 2
         assert "newer than this ablate" in capsys.readouterr().err
@@ -405,8 +405,8 @@ def test_a_sqlite_migration_that_fails_half_way_leaves_the_database_as_it_was(tm
     with engine.begin() as conn:  # something in the way of 0005's second step
         conn.execute(sa.text("CREATE TABLE ablate_meta (x INTEGER)"))
     with pytest.raises(AblateError, match="rolled back"):
-        db.upgrade_schema(engine)
-    assert db.current_revision(engine) == "0004"
+        store.upgrade_schema(engine)
+    assert store.current_revision(engine) == "0004"
     with engine.connect() as conn:
         assert "claimed_by" not in {c["name"] for c in sa.inspect(conn).get_columns("runs")}  # step one undone
 
@@ -445,8 +445,8 @@ def test_the_database_password_stays_out_of_argv_logs_and_deployments(tmp_path):
     secret = "postgresql+psycopg://ablate:s3cret-pw@db.example:5432/ablate"
     cmd = runner.trainer_command(make_trial(), 7, runner.RunOptions(db_url=secret))
     assert not any("s3cret" in part for part in cmd)
-    assert "s3cret" not in db.redact(f"cannot reach {secret}: refused")
-    assert db.redact(f"url={secret}") == "url=postgresql+psycopg://ablate:***@db.example:5432/ablate"
+    assert "s3cret" not in store.redact(f"cannot reach {secret}: refused")
+    assert store.redact(f"url={secret}") == "url=postgresql+psycopg://ablate:***@db.example:5432/ablate"
     from flows.deploy import deploy_all
 
     with pytest.raises(AblateError, match="plain text"):
@@ -459,19 +459,19 @@ def test_sql_as_the_reader_role_may_join_runs_with_optunas_trials(postgres_url, 
 
     from ablate import search
     from ablate.cli import main
-    from ablate.spec import parse_spec
+    from ablate.config import parse_spec
 
     search.create_study(parse_spec(tiny()), postgres_url)
     query = ("SELECT current_user AS who, count(t.trial_id) AS n FROM studies s "
              "LEFT JOIN trials t ON t.study_id = s.study_id")
     assert main(["sql", query, "--db", postgres_url, "--format", "csv"]) == 0
-    assert capsys.readouterr().out.splitlines()[1] == f"{db.READER_ROLE},0"
+    assert capsys.readouterr().out.splitlines()[1] == f"{store.READER_ROLE},0"
 
 
 def test_processes_opening_a_new_sqlite_file_at_once_all_get_it(tmp_path):
     """Switching a new file to WAL answers "locked" at once to all but one opener (seen 3 in 40 rounds)."""
     for round_ in range(20):
         url = f"sqlite:///{tmp_path / f'fresh-{round_}.db'}"
-        _, errors = at_once(lambda _: db.connect(url), 6)
-        db._ENGINES.pop(url, None)
+        _, errors = at_once(lambda _: store.connect(url), 6)
+        store.migrate._ENGINES.pop(url, None)
         assert not errors, errors

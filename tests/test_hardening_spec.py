@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from ablate.cli import main
-from ablate.errors import AblateError, SpecError
-from ablate.spec import expand_grid, load_spec, load_trials, parse_spec
-from ablate.specfile import MAX_SPEC_DEPTH
+from ablate.config.errors import AblateError, SpecError
+from ablate.config import expand_grid, load_spec, load_trials, parse_spec
+from ablate.config.yamlfile import MAX_SPEC_DEPTH
 
 from test_spec import BASE, spec_with  # noqa: E402 - the same minimal valid spec
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from ablate import db, results, sqlguard
+from ablate import results, sqlguard, store
 from ablate.cli import main
-from ablate.errors import AblateError
-from ablate.spec import load_trials
+from ablate.config.errors import AblateError
+from ablate.config import load_trials
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "sweeps" / "smoke.yaml"
@@ -25,13 +25,13 @@ SMOKE = REPO / "sweeps" / "smoke.yaml"
 def registered(db_url: str) -> str:
     """A results database (SQLite or PostgreSQL) holding the smoke sweep's four pending runs."""
     spec, trials = load_trials(SMOKE)
-    db.register_sweep(db.connect(db_url), spec, trials)
+    store.register_sweep(store.connect(db_url), spec, trials)
     return db_url
 
 
 def snapshot(url: str) -> list[tuple]:
     """What an attack would change: every run's id, status and attempts, and the sweeps."""
-    with db.connect(url).connect() as conn:
+    with store.connect(url).connect() as conn:
         return (conn.execute(sa.text("SELECT id, status, attempts, claimed_by FROM runs ORDER BY id")).all()
                 + conn.execute(sa.text("SELECT id, name FROM sweeps ORDER BY id")).all())
 
@@ -316,7 +316,7 @@ def test_a_sqlite_path_with_url_characters_is_the_file_every_command_opens(tmp_p
     folder.mkdir()
     path = folder / name
     spec, trials = load_trials(SMOKE)
-    db.register_sweep(db.connect(str(path)), spec, trials)  # a bare path, as --db takes it
+    store.register_sweep(store.connect(str(path)), spec, trials)  # a bare path, as --db takes it
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file() and p.suffix == ".db") == [name]
     for url in (str(path), sa.URL.create("sqlite", database=str(path)).render_as_string()):  # a path; its URL
         capsys.readouterr()
@@ -351,7 +351,7 @@ def test_an_empty_database_stays_empty(db_url, capsys):
         Path(sa.make_url(db_url).database).touch()
     assert main(["sql", "SELECT 1", "--db", db_url]) == 2
     assert "is not an ablate results database (it is empty)" in capsys.readouterr().err
-    engine = db.make_engine(db_url)
+    engine = store.make_engine(db_url)
     assert sa.inspect(engine).get_table_names() == []
     engine.dispose()
 
@@ -359,14 +359,14 @@ def test_an_empty_database_stays_empty(db_url, capsys):
 def test_an_older_database_is_not_migrated(db_url, capsys):
     from alembic import command
 
-    engine = db.make_engine(db_url)
-    cfg = db._alembic_config(engine)
+    engine = store.make_engine(db_url)
+    cfg = store.migrate._alembic_config(engine)
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "0004")
     assert main(["sql", "SELECT count(*) FROM runs", "--db", db_url]) == 2
     assert "run `ablate db upgrade` once" in capsys.readouterr().err
-    assert db.current_revision(engine) == "0004" and "ablate_meta" not in sa.inspect(engine).get_table_names()
+    assert store.current_revision(engine) == "0004" and "ablate_meta" not in sa.inspect(engine).get_table_names()
     engine.dispose()
 
 
@@ -375,7 +375,7 @@ def test_an_older_database_is_not_migrated(db_url, capsys):
 
 def test_on_postgres_the_statement_runs_as_ablate_reader_in_a_read_only_transaction(postgres_url):
     spec, trials = load_trials(SMOKE)
-    db.register_sweep(db.connect(postgres_url), spec, trials)
+    store.register_sweep(store.connect(postgres_url), spec, trials)
     columns, rows = results.read_only_query(
         "SELECT current_user, current_setting('transaction_read_only'), current_setting('statement_timeout')",
         postgres_url, timeout_seconds=7)
@@ -432,12 +432,12 @@ def compose_like(postgres_url, monkeypatch):
     try:
         yield writer_url, reader_url, admin
     finally:
-        from ablate import readlogin
+        from ablate.store import readlogin
 
         readlogin._checked.cache_clear()
-        for engine in list(db._READERS.values()):
+        for engine in list(store.migrate._READERS.values()):
             engine.dispose()
-        db._READERS.clear()
+        store.migrate._READERS.clear()
         with admin.connect() as conn:
             conn.exec_driver_sql("ALTER ROLE ablate_reader NOLOGIN")
             conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
@@ -449,8 +449,8 @@ def test_with_its_own_read_login_ablate_sql_cannot_become_the_writer_even_past_t
                                                                                         capsys):
     writer_url, reader_url, admin = compose_like
     spec, trials = load_trials(SMOKE)
-    db.register_sweep(db.connect(writer_url), spec, trials)
-    writer = db.connect(writer_url)
+    store.register_sweep(store.connect(writer_url), spec, trials)
+    writer = store.connect(writer_url)
     before = snapshot(writer_url)
     # `ablate db upgrade` with ABLATE_READ_URL: the writer may not make roles, so it prints the SQL for the admin
     monkeypatch.setenv("ABLATE_READ_URL", reader_url)
@@ -492,10 +492,10 @@ def test_without_a_read_login_sql_inside_a_string_is_refused_by_the_function_all
     writer's role and pg_terminate_backend ended the writer's sessions. The allow-list refuses the call."""
     writer_url, _, _ = compose_like
     spec, trials = load_trials(SMOKE)
-    db.register_sweep(db.connect(writer_url), spec, trials)
+    store.register_sweep(store.connect(writer_url), spec, trials)
     before = snapshot(writer_url)
     name = sa.make_url(writer_url).username
-    with db.connect(writer_url).connect() as victim:
+    with store.connect(writer_url).connect() as victim:
         pid = victim.exec_driver_sql("SELECT pg_backend_pid()").scalar()
         inner = f"SELECT to_tsvector(set_config('role', '{name}', true) || pg_terminate_backend({pid})::text)"
         attack = f"SELECT * FROM ts_stat('{inner.replace(chr(39), chr(39) * 2)}')"
@@ -509,11 +509,11 @@ def test_without_a_read_login_sql_inside_a_string_is_refused_by_the_function_all
 
 
 def test_a_read_url_that_can_write_or_opens_another_database_is_refused(compose_like, monkeypatch):
-    from ablate import readlogin
+    from ablate.store import readlogin
 
     writer_url, reader_url, _ = compose_like
     spec, trials = load_trials(SMOKE)
-    db.register_sweep(db.connect(writer_url), spec, trials)
+    store.register_sweep(store.connect(writer_url), spec, trials)
     monkeypatch.setenv("ABLATE_READ_URL", writer_url)  # the writer's own login given as the reader
     message = refused(writer_url, "SELECT 1")
     assert "is not a read-only login" in message and "it can write the runs table" in message, message

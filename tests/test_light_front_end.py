@@ -33,11 +33,11 @@ def test_reading_every_sweep_and_importing_the_front_end_imports_no_torch():
     assert list(ROOT.glob("sweeps/*.yaml"))
     code = """
 import glob
-from ablate import models, spec
+from ablate import config, models
 for path in sorted(glob.glob("sweeps/*.yaml")):
-    spec.load_trials(path)
+    config.load_trials(path)
 models.list_families()  # every family's options module
-import ablate.db, ablate.report, ablate.runner
+import ablate.store, ablate.report, ablate.runner
 """
     assert heavy_imports(code) == []
 

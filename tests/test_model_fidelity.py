@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ablate import cli
 from ablate.models import mixer_options
 from ablate.models.mixer import SequenceMixing
-from ablate.spec import load_trials
+from ablate.config import load_trials
 
 
 def block_inputs(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:

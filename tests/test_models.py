@@ -18,7 +18,7 @@ from ablate import models
 from ablate.models.mixer import SequenceMixing
 from ablate.models.mod import RoutedLayer
 from ablate.objectives import causal_lm_loss
-from ablate.spec import TrialConfig
+from ablate.config import TrialConfig
 
 VOCAB, BATCH, CONTEXT = 64, 2, 16
 
@@ -312,7 +312,7 @@ def test_families_that_need_heads_say_so(architecture):
 
 def test_list_families_describes_every_option():
     listed = {f["name"]: f for f in models.list_families()}
-    assert set(listed) == set(models.FAMILIES)
+    assert set(listed) == set(models.families())
     for name, entry in listed.items():
         assert entry["description"]
         options = {o["name"]: o for o in entry["options"]}

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from ablate import db, objectives
-from ablate.errors import SpecError
-from ablate.spec import OBJECTIVE_ARCHITECTURES, OBJECTIVES, TrialConfig, parse_spec
+from ablate import objectives, store
+from ablate.config.errors import SpecError
+from ablate.config import OBJECTIVE_ARCHITECTURES, OBJECTIVES, TrialConfig, parse_spec
 from ablate.train import Settings, train
 
 VOCAB, T = 50, 12
@@ -157,14 +157,14 @@ def test_loss_falls_on_a_fixed_batch(arch, objective):
 @pytest.mark.parametrize("objective", [o for o in TOKEN_OBJECTIVES if o != "clm"])
 def test_each_objective_trains_through_the_real_trainer_and_records_its_loss(tmp_path, sqlite_url, objective):
     t = trial("mixer", objective, context=64, budget={"steps": 20})
-    engine = db.connect(sqlite_url)
+    engine = store.connect(sqlite_url)
     spec = parse_spec({"name": f"obj-{objective.replace('_', '-')}", "dataset": t.dataset.model_dump(),
                        "budget": {"steps": 20}, "grid": [{"architecture": "mixer", "d_model": 32}],
                        "defaults": {"layers": 2, "context": 8, "lr": 1e-3, "batch_size": 1}})
-    _, (run_id,) = db.register_sweep(engine, spec, [t])
+    _, (run_id,) = store.register_sweep(engine, spec, [t])
     out = train(t, Settings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False))
     assert out["status"] == "completed" and out["steps"] == 20
-    run = db.get_run(engine, run_id)
+    run = store.get_run(engine, run_id)
     assert run.status == "completed" and math.isfinite(run.final_eval_loss)
     assert run.final_eval_loss < math.log(384)  # better than a uniform guess after 20 steps
     assert run.flops_per_token > 0
@@ -194,7 +194,7 @@ def spec_with_objective(arch: str, objective: str, **block) -> dict:
 def test_objective_misuse_is_refused_with_the_field_and_the_fix(tmp_path, data, needles):
     import yaml
 
-    from ablate.spec import load_trials
+    from ablate.config import load_trials
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(data))

@@ -8,10 +8,10 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from ablate import db, runner
+from ablate import runner, store
 from ablate.report import build_report, draw_curves, layout_tables, load_views
 from ablate.train import Settings, train
-from ablate.spec import TrialConfig
+from ablate.config import TrialConfig
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,10 +38,10 @@ def filled(tmp_path_factory):
                                  {"architecture": "llama", "heads": 4, "d_model": [32, 64]}])
     url = f"sqlite:///{tmp / 'r.db'}"
     _, _, ids = runner.register(spec, url)
-    engine = db.connect(url)
+    engine = store.connect(url)
     for rid in ids:
-        trial = TrialConfig.model_validate(db.get_run(engine, rid).config)
-        db.claim_run(engine, rid, "test")
+        trial = TrialConfig.model_validate(store.get_run(engine, rid).config)
+        store.claim_run(engine, rid, "test")
         train(trial, Settings(artifacts=tmp / "art", db_url=url, run_id=rid, progress=False, log_points=6))
     return url, ids, tmp
 
@@ -49,9 +49,9 @@ def filled(tmp_path_factory):
 def test_every_table_cell_equals_the_db(filled):
     url, ids, tmp = filled
     report = build_report("smoke", url, tmp / "out")
-    engine = db.connect(url)
+    engine = store.connect(url)
     with engine.connect() as conn:
-        rows = {r.id: r for r in conn.execute(sa.select(db.Run))}
+        rows = {r.id: r for r in conn.execute(sa.select(store.Run))}
     tables = {t.title: t for t in report.tables}
     assert set(tables) == {"architecture=mixer", "architecture=llama"}
     mixer = tables["architecture=mixer"]
@@ -80,7 +80,7 @@ def test_every_table_cell_equals_the_db(filled):
 
 def test_every_run_is_one_line_in_each_panel_of_the_curves(filled):
     url, ids, _ = filled
-    engine = db.connect(url)
+    engine = store.connect(url)
     spec, views = load_views(engine, "smoke")
     for table in layout_tables(spec, views):
         fig = draw_curves(engine, table)
@@ -92,8 +92,8 @@ def test_every_run_is_one_line_in_each_panel_of_the_curves(filled):
             for line in lines:
                 _, rid, split, x = line.get_gid().split("-")
                 with engine.connect() as conn:
-                    pts = conn.execute(sa.select(db.Metric).where(db.Metric.run_id == int(rid), db.Metric.split == split)
-                                       .order_by(db.Metric.step)).all()
+                    pts = conn.execute(sa.select(store.Metric).where(store.Metric.run_id == int(rid), store.Metric.split == split)
+                                       .order_by(store.Metric.step)).all()
                 assert list(line.get_ydata()) == [p.loss for p in pts]
                 expected_x = [p.elapsed_seconds if x == "hours" else p.tokens for p in pts]  # seconds: short runs
                 assert list(line.get_xdata()) == pytest.approx(expected_x)
@@ -117,10 +117,10 @@ def test_unfinished_oom_and_running_cells_render(tmp_path):
     _, _, ids = runner.register(spec, url)
     report = build_report("smoke", url, tmp_path / "empty")  # nothing ran yet
     assert all(cell == "pending" for t in report.tables for label, cells in t.rows[:2] for cell in cells)
-    engine = db.connect(url)
-    db.update_run(engine, ids[0], status="oom")
-    db.update_run(engine, ids[1], status="running")
-    db.update_run(engine, ids[2], status="diverged")
+    engine = store.connect(url)
+    store.update_run(engine, ids[0], status="oom")
+    store.update_run(engine, ids[1], status="running")
+    store.update_run(engine, ids[2], status="diverged")
     report = build_report("smoke", url, tmp_path / "mixed")
     mixer = next(t for t in report.tables if "mixer" in t.title)
     llama = next(t for t in report.tables if "llama" in t.title)
@@ -135,9 +135,9 @@ def test_memory_report_shows_oom_cells(tmp_path):
     path.write_text(yaml.safe_dump(data, sort_keys=False))  # grid order: layers outer, context inner
     url = f"sqlite:///{tmp_path / 'r.db'}"
     _, _, ids = runner.register(path, url)
-    engine = db.connect(url)
-    db.update_run(engine, ids[0], status="completed", peak_memory_mb=2100.4)
-    db.update_run(engine, ids[1], status="oom")
+    engine = store.connect(url)
+    store.update_run(engine, ids[0], status="completed", peak_memory_mb=2100.4)
+    store.update_run(engine, ids[1], status="oom")
     report = build_report("context-memory", url, tmp_path / "out")
     first = report.tables[0]
     cells = dict(first.rows)["Peak memory (MB)"]
@@ -163,7 +163,7 @@ def test_generate_without_a_checkpoint_is_a_clear_error(tmp_path):
     spec = write_spec(tmp_path)
     url = f"sqlite:///{tmp_path / 'r.db'}"
     _, _, ids = runner.register(spec, url)
-    from ablate.errors import AblateError
+    from ablate.config.errors import AblateError
     from ablate.generate import load_run_model
 
     with pytest.raises(AblateError, match="has no checkpoint"):
@@ -174,7 +174,7 @@ def test_compare_puts_two_sweeps_side_by_side(filled, tmp_path):
     url, ids, tmp = filled
     spec = write_spec(tmp_path, name="smoke-b", grid=[{"architecture": "mixer", "d_model": 32}])
     _, _, (other,) = runner.register(spec, url)
-    db.update_run(db.connect(url), other, status="completed", final_train_loss=1.25, final_eval_loss=1.5)
+    store.update_run(store.connect(url), other, status="completed", final_train_loss=1.25, final_eval_loss=1.5)
     from ablate.report import build_comparison
 
     report = build_comparison(["smoke", "smoke-b"], url, tmp_path / "cmp", formats=("md", "csv"))
@@ -187,7 +187,7 @@ def test_compare_puts_two_sweeps_side_by_side(filled, tmp_path):
 
 def test_every_loss_table_shows_epochs_and_notes_repeated_data(filled):
     url, ids, tmp = filled
-    engine = db.connect(url)
+    engine = store.connect(url)
     report = build_report("smoke", url, tmp / "epochs", formats=("md",))
     runs = {r.id: r for r in runner.sweep_runs(engine, "smoke")}
     for table in report.tables:
@@ -198,21 +198,21 @@ def test_every_loss_table_shows_epochs_and_notes_repeated_data(filled):
             assert cell == f"{sum(values) / len(values):.2f}"
         assert not any(n.startswith("Data repeated") for n in table.notes)
     llama = next(r for r in runs.values() if r.architecture == "llama")
-    db.update_run(engine, llama.id, epochs=3.4)
+    store.update_run(engine, llama.id, epochs=3.4)
     try:
         report = build_report("smoke", url, tmp / "epochs2", formats=("md",))
         table = next(t for t in report.tables if "llama" in t.title)
         assert any("up to 3.4 epochs" in n and f"d={llama.d_model}" in n for n in table.notes)
         assert "Data repeated" in (report.out / "report.md").read_text()
     finally:
-        db.update_run(engine, llama.id, epochs=llama.epochs)
+        store.update_run(engine, llama.id, epochs=llama.epochs)
 
 
 def test_the_report_says_whether_the_published_ordering_holds_computed_from_the_table(filled):
     from ablate.report import check_orderings
 
     url, ids, tmp = filled
-    engine = db.connect(url)
+    engine = store.connect(url)
     spec, views = load_views(engine, "smoke")
     assert spec.report.orderings  # the smoke sweep names the study's mixer-vs-Llama ordering
     (line,) = check_orderings(spec, views)
@@ -250,7 +250,7 @@ def test_completions_decode_whole_characters(tmp_path):
 
     from ablate.data import get_tokenizer
     from ablate.generate import complete
-    from ablate.spec import DatasetRef, TokenizerRef
+    from ablate.config import DatasetRef, TokenizerRef
 
     tok = get_tokenizer(TokenizerRef(vocab_size=300), DatasetRef(source="ablate:tinystories-sample"), tmp_path, False)
     lead = tok.convert_tokens_to_ids("â")  # byte 0xE2 alone: the start of a 3-byte character

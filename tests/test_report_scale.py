@@ -11,9 +11,9 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from ablate import db, report
+from ablate import report, store
 from ablate.report import MAX_CURVES, build_report, draw_curves, layout_tables, load_views
-from ablate.spec import load_trials
+from ablate.config import load_trials
 
 REPO = Path(__file__).resolve().parent.parent
 EVAL_POINTS = 4
@@ -27,18 +27,18 @@ def fake_sweep(tmp: Path, name: str, grid: list[dict], points: int = 20, url: st
     (tmp / f"{name}.yaml").write_text(yaml.safe_dump(data))
     spec, trials = load_trials(tmp / f"{name}.yaml")
     url = url or f"sqlite:///{tmp / f'{name}.db'}"
-    engine = db.connect(url)
-    _, ids = db.register_sweep(engine, spec, trials)
+    engine = store.connect(url)
+    _, ids = store.register_sweep(engine, spec, trials)
     train_points = points - EVAL_POINTS
     for rid, trial in zip(ids, trials):
         final = 2.0 + 0.01 * (rid % 97) + 0.1 * trial.seed  # the seed moves every point of a run: a band
-        db.update_run(engine, rid, status="completed", final_train_loss=final - 0.1, final_eval_loss=final, epochs=0.5)
+        store.update_run(engine, rid, status="completed", final_train_loss=final - 0.1, final_eval_loss=final, epochs=0.5)
         rows = [{"step": s, "split": "train", "elapsed_seconds": float(s), "tokens": 64 * s, "loss": final + 2 - s / 10,
                  "lr": 3e-3} for s in range(1, train_points + 1)]
         rows += [{"step": k * train_points // EVAL_POINTS, "split": "eval", "elapsed_seconds": k * 2.5,
                   "tokens": 64 * k * train_points // EVAL_POINTS, "loss": final + 1 / k, "lr": None}
                  for k in range(1, EVAL_POINTS + 1)]
-        db.write_metrics(engine, rid, rows)
+        store.write_metrics(engine, rid, rows)
     return url, ids
 
 
@@ -79,7 +79,7 @@ def test_a_big_sweep_reports_every_run_and_draws_the_best_configurations(big):
 
 def test_the_figure_of_a_big_table_draws_seed_means_of_the_lowest_test_losses(big):
     url, ids, _ = big
-    engine = db.connect(url)
+    engine = store.connect(url)
     spec, views = load_views(engine, "big")
     table = next(t for t in layout_tables(spec, views) if "mixer" in t.title)
     fig = draw_curves(engine, table)
@@ -97,14 +97,14 @@ def test_the_figure_of_a_big_table_draws_seed_means_of_the_lowest_test_losses(bi
         line = lines[str(rank)]
         assert line.get_label().endswith("(10 runs)")
         with engine.connect() as conn:
-            losses = [[p.loss for p in conn.execute(sa.select(db.Metric).where(
-                db.Metric.run_id == v.row.id, db.Metric.split == "eval").order_by(db.Metric.step))] for v in members]
+            losses = [[p.loss for p in conn.execute(sa.select(store.Metric).where(
+                store.Metric.run_id == v.row.id, store.Metric.split == "eval").order_by(store.Metric.step))] for v in members]
         assert list(line.get_ydata()) == pytest.approx([statistics.fmean(k) for k in zip(*losses)])
 
 
 def test_a_table_of_up_to_max_curves_runs_still_draws_one_line_per_run(tmp_path):
     url, ids = fake_sweep(tmp_path, "small", grid([32, 64, 96, 128, 160], [1e-3], 2))  # 10 runs per table
-    engine = db.connect(url)
+    engine = store.connect(url)
     spec, views = load_views(engine, "small")
     for table in layout_tables(spec, views):
         run_ids = sorted(r.row.id for col in table.runs for r in col)
@@ -117,8 +117,8 @@ def test_a_table_of_up_to_max_curves_runs_still_draws_one_line_per_run(tmp_path)
             for line in lines:
                 _, rid, split, _ = line.get_gid().split("-")
                 with engine.connect() as conn:
-                    expected = conn.execute(sa.select(db.Metric.loss).where(
-                        db.Metric.run_id == int(rid), db.Metric.split == split).order_by(db.Metric.step)).scalars()
+                    expected = conn.execute(sa.select(store.Metric.loss).where(
+                        store.Metric.run_id == int(rid), store.Metric.split == split).order_by(store.Metric.step)).scalars()
                     assert list(line.get_ydata()) == list(expected)
         assert fig.axes[0].get_legend().get_title().get_text() == ""
     rep = build_report("small", url, tmp_path / "out", formats=("md",))
@@ -174,10 +174,10 @@ def test_the_reports_runs_csv_from_its_loaded_runs_is_the_csv_results_runs_write
 
     url = request.getfixturevalue(f"{backend}_url") if backend == "postgres" else None
     url, ids = fake_sweep(tmp_path, "same", grid([32, 64], [1e-3], 2), points=12, url=url)
-    engine = db.connect(url)
-    db.update_run(engine, ids[0], notes={"meters": {"eval": 1.5}, "oom_shrink": [{"step": 3}]}, status="oom",
+    engine = store.connect(url)
+    store.update_run(engine, ids[0], notes={"meters": {"eval": 1.5}, "oom_shrink": [{"step": 3}]}, status="oom",
                   error="out of memory, \"quoted\"\nsecond line", finished_at=None)
-    _, views = load_views(db.reader(url), "same")
+    _, views = load_views(store.reader(url), "same")
     read, loaded = tmp_path / "read.csv", tmp_path / "loaded.csv"
     results.to_csv(results.runs("same", url), read)
     results.to_csv(results.runs_of([v.row for v in views], "same"), loaded)

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablate import db, models
+from ablate import models, store
 from ablate import retrieval as R
 from ablate.data import SEPARATOR, get_tokenizer
-from ablate.errors import AblateError
+from ablate.config.errors import AblateError
 from ablate.generate import load_checkpoint_model, load_checkpoint_tokenizer
-from ablate.spec import TrialConfig
+from ablate.config import TrialConfig
 from ablate.train import Settings, train
 
 SAMPLE = Path(R.__file__).parent / "corpora" / "tinystories-valid-head.txt"
@@ -170,7 +170,7 @@ def test_too_few_pairs_for_the_candidates_is_an_error():
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     """A tiny mixer trained 150 steps on the TinyStories sample, recorded as a run of a SQLite results DB."""
-    from ablate.spec import parse_spec
+    from ablate.config import parse_spec
 
     tmp = tmp_path_factory.mktemp("run")
     url = f"sqlite:///{tmp / 'ablate.db'}"
@@ -182,8 +182,8 @@ def trained_run(tmp_path_factory):
                        "retrieval": {"pairs": {"source": "ablate:tinystories-pairs"}, "candidates": [4, 8],
                                      "steps": 60, "reference": [{"match": {"architecture": "mixer"},
                                                                  "candidates": 8, "eval": 0.42}]}})
-    engine = db.connect(url)
-    _, (run_id,) = db.register_sweep(engine, spec, [trial])
+    engine = store.connect(url)
+    _, (run_id,) = store.register_sweep(engine, spec, [trial])
     engine.dispose()
     out = train(trial, Settings(artifacts=tmp / "art", db_url=url, run_id=run_id, progress=False))
     assert out["status"] == "completed"
@@ -200,7 +200,7 @@ def test_retrieval_study_on_a_trained_run(trained_run):
     row = table.iloc[0]
     assert math.isfinite(row.eval_loss) and 0.0 <= row.accuracy <= 1.0 and row.chance_loss == pytest.approx(math.log(8))
     # the run folder works as well as the checkpoint file
-    checkpoint = Path(db.get_run(db.connect(url), run_id).checkpoint_path)
+    checkpoint = Path(store.get_run(store.connect(url), run_id).checkpoint_path)
     model = load_checkpoint_model(checkpoint.parent, trial)
     assert not model.training and load_checkpoint_tokenizer(checkpoint, trial).eos_token_id is not None
 
@@ -213,7 +213,7 @@ def test_retrieval_study_on_a_trained_run(trained_run):
     "stays at log 8 or memorises the train pairs (train 0.36-0.8, held-out 2.5-4.7)."))
 def test_trained_mixer_embeddings_beat_chance_at_retrieval(trained_run):
     url, run_id, trial = trained_run
-    checkpoint = db.get_run(db.connect(url), run_id).checkpoint_path
+    checkpoint = store.get_run(store.connect(url), run_id).checkpoint_path
     model, tokenizer = load_checkpoint_model(checkpoint, trial), load_checkpoint_tokenizer(checkpoint, trial)
     pairs = R.pairs_from_stories()
     summaries = R.embed_texts(model, tokenizer, pairs["summary"], trial.context, progress=False)
@@ -230,11 +230,11 @@ def test_the_retrieval_stage_of_a_sweep_records_every_cell_and_writes_its_table(
     for _ in range(2):  # a second stage replaces the first's cells
         assert main(["retrieval", "retrieval", "--db", url, "--out", str(tmp_path), "--quiet",
                      "--artifacts", str(Path(url.removeprefix("sqlite:///")).parent / "art")]) == 0
-    with db.connect(url).connect() as conn:
+    with store.connect(url).connect() as conn:
         import sqlalchemy as sa
 
-        cells = conn.execute(sa.select(db.Metric.step, db.Metric.loss).where(
-            db.Metric.run_id == run_id, db.Metric.split == "retrieval").order_by(db.Metric.step)).all()
+        cells = conn.execute(sa.select(store.Metric.step, store.Metric.loss).where(
+            store.Metric.run_id == run_id, store.Metric.split == "retrieval").order_by(store.Metric.step)).all()
     assert [c.step for c in cells] == [4, 8] and all(math.isfinite(c.loss) for c in cells)
     table = (tmp_path / "retrieval.md").read_text()
     assert "| c=4 | c=8 |" in table and "(0.42)" in table and f"| {run_id} | mixer d=32 n=2 |" in table
@@ -242,12 +242,12 @@ def test_the_retrieval_stage_of_a_sweep_records_every_cell_and_writes_its_table(
 
 
 def test_the_retrieval_stage_needs_a_known_sweep_with_a_retrieval_block(sqlite_url):
-    from ablate.spec import parse_spec
+    from ablate.config import parse_spec
 
     spec = parse_spec({"name": "plain", "dataset": {"source": "ablate:tinystories-sample"}, "budget": {"steps": 5},
                        "grid": [{"architecture": "mixer", "d_model": 32}],
                        "defaults": {"layers": 1, "context": 8, "lr": 1e-3, "batch_size": 1}})
-    db.register_sweep(db.connect(sqlite_url), spec, [])
+    store.register_sweep(store.connect(sqlite_url), spec, [])
     with pytest.raises(AblateError, match="did you mean 'plain'"):
         R.run_stage("plane", sqlite_url)
     with pytest.raises(AblateError, match="no `retrieval:` block"):
@@ -281,7 +281,7 @@ def test_retrieval_length_in_epochs_and_settings_by_keyword():
 
 
 def test_the_study_retrieval_sweeps_run_the_authors_stage():
-    from ablate.spec import load_spec
+    from ablate.config import load_spec
 
     for name, batch, epochs, position in (("tinystories-retrieval", 32, 200, "window"),
                                           ("fineweb-retrieval", 128, 50, "text")):
@@ -298,7 +298,7 @@ def test_the_study_retrieval_sweeps_run_the_authors_stage():
 
 
 def test_retrieval_blocks_written_before_the_new_settings_keep_their_sweeps_identity():
-    from ablate.spec import fingerprint, parse_spec
+    from ablate.config import fingerprint, parse_spec
 
     data = {"name": "r", "dataset": {"source": "ablate:tinystories-sample"}, "budget": {"steps": 5},
             "grid": [{"architecture": "mixer", "d_model": 32}],

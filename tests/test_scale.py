@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from ablate import db, runner
+from ablate import runner, store
 from ablate.cli import STATUS_ROWS, main, runs_table
 from test_hardening import cli_env, grid_spec
 from tests.waiting import patience
@@ -49,17 +49,20 @@ def registered_grid(tmp_path: Path, url: str, n: int) -> list[int]:
 
 
 def test_registration_inserts_all_runs_in_one_statement_and_again_inserts_nothing(tmp_path, db_url, monkeypatch):
-    engine = db.connect(db_url)
+    from ablate.store import register
+
+    engine = store.connect(db_url)
     copies: list[int] = []  # PostgreSQL (psycopg) writes them with one COPY, which SQLAlchemy's events do not see
-    copy = db.copy_rows
-    monkeypatch.setattr(db, "copy_rows", lambda conn, table, rows: (copies.append(len(rows)), copy(conn, table, rows)))
+    copy = register.copy_rows
+    monkeypatch.setattr(register, "copy_rows",
+                        lambda conn, table, rows: (copies.append(len(rows)), copy(conn, table, rows)))
     with Statements(engine) as seen:
         ids = registered_grid(tmp_path, db_url, 300)
     inserts = [s for s in seen if s.startswith("INSERT INTO runs")]
     assert len(ids) == len(set(ids)) == 300, ids[:3]
     assert (len(inserts), copies) == ((0, [300]) if db_url.startswith("postgresql") else (1, [])), inserts[:3]
     with engine.connect() as conn:
-        rows = conn.execute(sa.select(db.Run.id, db.Run.trial_index, db.Run.d_model).order_by(db.Run.id)).all()
+        rows = conn.execute(sa.select(store.Run.id, store.Run.trial_index, store.Run.d_model).order_by(store.Run.id)).all()
     assert [r.id for r in rows] == ids and [r.trial_index for r in rows] == list(range(300))
     assert [r.d_model for r in rows] == list(range(8, 8 + 8 * 300, 8))
     with Statements(engine) as seen:
@@ -69,13 +72,13 @@ def test_registration_inserts_all_runs_in_one_statement_and_again_inserts_nothin
 
 def test_the_run_row_keeps_the_latest_points_and_status_never_reads_the_metrics(tmp_path, db_url):
     ids = registered_grid(tmp_path, db_url, 3)
-    engine = db.connect(db_url)
-    db.write_metrics(engine, ids[0], points(5))
-    db.write_metrics(engine, ids[0], points(2, "eval", loss0=4.0) + points(8)[5:])
-    run = db.get_run(engine, ids[0])
+    engine = store.connect(db_url)
+    store.write_metrics(engine, ids[0], points(5))
+    store.write_metrics(engine, ids[0], points(2, "eval", loss0=4.0) + points(8)[5:])
+    run = store.get_run(engine, ids[0])
     assert (run.last_step, run.last_elapsed_seconds) == (80, 7.0)
     assert run.last_train_loss == pytest.approx(4.3) and run.last_eval_loss == pytest.approx(3.9)
-    reader = db.reader(db_url)
+    reader = store.reader(db_url)
     with Statements(reader) as seen:
         rows = runner.status_rows(reader, "big")
         table = runs_table(rows)
@@ -88,17 +91,17 @@ def test_a_new_attempt_from_step_0_clears_the_latest_points(tmp_path, sqlite_url
     from ablate.runstate import Recorder, Settings
 
     ids = registered_grid(tmp_path, sqlite_url, 1)
-    engine = db.connect(sqlite_url)
-    db.write_metrics(engine, ids[0], points(3))
+    engine = store.connect(sqlite_url)
+    store.write_metrics(engine, ids[0], points(3))
     Recorder(Settings(run_id=ids[0], db_url=sqlite_url, artifacts=tmp_path), True).forget_after(-1)
-    run = db.get_run(engine, ids[0])
+    run = store.get_run(engine, ids[0])
     assert run.last_step is None and run.last_train_loss is None
 
 
 def test_migration_0006_fills_the_latest_points_of_existing_runs(tmp_path, db_url):
     from test_db import at_revision
 
-    from ablate.spec import load_trials, trial_fingerprint
+    from ablate.config import load_trials, trial_fingerprint
 
     engine = at_revision(db_url, "0005")
     runs = sa.Table("runs", sa.MetaData(), autoload_with=engine)
@@ -106,13 +109,13 @@ def test_migration_0006_fills_the_latest_points_of_existing_runs(tmp_path, db_ur
     with engine.begin() as conn:
         sweep_id = conn.execute(sa.text("INSERT INTO sweeps (name, description, spec, spec_fingerprint, created_at, "
                                         "updated_at) VALUES ('old', '', '{}', 'x', :t, :t) RETURNING id"),
-                                {"t": db.utcnow()}).scalar()
+                                {"t": store.utcnow()}).scalar()
         for i, t in enumerate(trials):
             config = t.model_dump(mode="json")
-            conn.execute(sa.insert(runs).values(db.run_row(t, config, trial_fingerprint(config), sweep_id, i, None, {})))
+            conn.execute(sa.insert(runs).values(store.run_row(t, config, trial_fingerprint(config), sweep_id, i, None, {})))
         first = conn.execute(sa.select(runs.c.id).order_by(runs.c.id)).scalars().first()
-        conn.execute(sa.insert(db.Metric.__table__), [dict(p, run_id=first) for p in points(4) + points(2, "eval")])
-    db.upgrade_schema(engine)
+        conn.execute(sa.insert(store.Metric.__table__), [dict(p, run_id=first) for p in points(4) + points(2, "eval")])
+    store.upgrade_schema(engine)
     rows = {r.id: r for r in runner.status_rows(engine, "old")}
     assert (rows[first].last_step, rows[first].last_train_loss, rows[first].last_eval_loss) == (40, pytest.approx(4.7),
                                                                                                 pytest.approx(4.9))
@@ -123,12 +126,12 @@ def test_migration_0006_fills_the_latest_points_of_existing_runs(tmp_path, db_ur
 
 def test_a_big_status_table_shows_the_unfinished_and_latest_runs_and_counts_the_rest(tmp_path, sqlite_url):
     ids = registered_grid(tmp_path, sqlite_url, STATUS_ROWS + 150)
-    engine = db.connect(sqlite_url)
+    engine = store.connect(sqlite_url)
     for rid in ids[:100]:
-        db.update_run(engine, rid, status="completed", finished_at=db.utcnow(), final_eval_loss=3.0)
-    db.update_run(engine, ids[100], status="oom")  # finished without a finish time (an older row): still sortable
-    db.update_run(engine, ids[-1], status="running")
-    db.update_run(engine, ids[-2], status="failed", error="trainer exited with code 1:\nTraceback ...")
+        store.update_run(engine, rid, status="completed", finished_at=store.utcnow(), final_eval_loss=3.0)
+    store.update_run(engine, ids[100], status="oom")  # finished without a finish time (an older row): still sortable
+    store.update_run(engine, ids[-1], status="running")
+    store.update_run(engine, ids[-2], status="failed", error="trainer exited with code 1:\nTraceback ...")
     rows = runner.status_rows(engine, "big")
     table = runs_table(rows)
     shown = [int(c) for c in table.columns[0]._cells]
@@ -172,7 +175,7 @@ def test_a_local_prefect_api_that_does_not_start_gives_a_clear_error(tmp_path):
                           env=env, capture_output=True, text=True, timeout=patience(300), cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "did not start within 0 s" in proc.stderr and "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in proc.stderr
-    status = db.get_run(db.connect(f"sqlite:///{tmp_path / 'r.db'}"), 1).status
+    status = store.get_run(store.connect(f"sqlite:///{tmp_path / 'r.db'}"), 1).status
     assert status == "pending"  # registered, nothing trained
 
 

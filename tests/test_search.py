@@ -13,9 +13,9 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from ablate import db, runner, search
-from ablate.errors import AblateError, SpecError
-from ablate.spec import parse_spec
+from ablate import runner, search, store
+from ablate.config.errors import AblateError, SpecError
+from ablate.config import parse_spec
 from tests.waiting import patience, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -78,8 +78,8 @@ def study_of(url: str, name: str = "tiny-search") -> optuna.Study:
     return optuna.load_study(study_name=name, storage=search.open_storage(url))
 
 
-def runs_of(url: str, name: str = "tiny-search") -> list[db.Run]:
-    return runner.sweep_runs(db.connect(url), name)
+def runs_of(url: str, name: str = "tiny-search") -> list[store.Run]:
+    return runner.sweep_runs(store.connect(url), name)
 
 
 # ---------------------------------------------------------------- sampling and checks (fast)
@@ -171,11 +171,11 @@ def test_a_dead_workers_trial_is_failed_requeued_and_its_finished_run_told(sqlit
     storage = search.open_storage(sqlite_url, create=True, heartbeat_seconds=1, grace_seconds=1)
     search.create_study(spec, sqlite_url, storage=storage)
     study = search.load_study(spec, storage, seed=0)
-    engine = db.connect(sqlite_url)
+    engine = store.connect(sqlite_url)
     trial = search.claim(study, storage, engine, n_trials=1)  # the worker that will die
     config = search.suggest_trial(trial, spec)
-    _, (run_id,) = db.register_sweep(engine, spec, [config])
-    db.update_run(engine, run_id, study_name=spec.name, study_trial=trial.number, status="completed",
+    _, (run_id,) = store.register_sweep(engine, spec, [config])
+    store.update_run(engine, run_id, study_name=spec.name, study_trial=trial.number, status="completed",
                   final_eval_loss=4.25)  # its trainer finished on its own
     time.sleep(2.5)  # past the grace period (SQLite's clock has 1 s resolution)
     outcomes = search.run_search(spec, sqlite_url, runner.RunOptions(artifacts=artifacts), n_trials=1,
@@ -192,23 +192,23 @@ def test_a_trial_whose_config_is_already_training_follows_that_run(sqlite_url, a
     """Two trials with one config (a categorical space, parallel workers) share one run; no second trainer starts."""
     spec = parse_spec(tiny(n_trials=1, sampler="random", parameters={"heads": {"type": "categorical", "choices": [2]}}))
     search.create_study(spec, sqlite_url)
-    engine = db.connect(sqlite_url)
+    engine = store.connect(sqlite_url)
     config = search.suggest_trial(optuna.create_study().ask(), spec)
-    _, (run_id,) = db.register_sweep(engine, spec, [config])
+    _, (run_id,) = store.register_sweep(engine, spec, [config])
     trainer = subprocess.Popen(["sleep", "60"])  # stands in for the trainer another worker started
-    db.claim_run(engine, run_id, "test")
-    db.update_run(engine, run_id, pid=trainer.pid)
+    store.claim_run(engine, run_id, "test")
+    store.update_run(engine, run_id, pid=trainer.pid)
 
     def finish() -> None:  # ... which finishes a moment later
         time.sleep(1.5)
-        db.update_run(engine, run_id, status="completed", final_eval_loss=3.5)
+        store.update_run(engine, run_id, status="completed", final_eval_loss=3.5)
         trainer.kill()
         trainer.wait()
 
     threading.Thread(target=finish).start()
     outcomes = search.run_search(spec, sqlite_url, runner.RunOptions(artifacts=artifacts), poll_seconds=0.2)
     assert [(o.number, o.state, o.run_id, o.value) for o in outcomes] == [(0, "COMPLETE", run_id, 3.5)]
-    run = db.get_run(engine, run_id)
+    run = store.get_run(engine, run_id)
     assert (run.attempts, run.study_trial) == (1, 0)
 
 
@@ -356,7 +356,7 @@ def test_a_trial_whose_trainer_fails_is_fail_and_the_study_goes_on(sqlite_url, t
     study = search.create_study(spec, sqlite_url)
     # the first trial's run finds an unreadable checkpoint in its run directory: its trainer fails at start-up
     doomed = search.suggest_trial(optuna.trial.FixedTrial({"lr": 1e-3}), spec)
-    run_id = search._register(db.connect(sqlite_url), spec, doomed, None)
+    run_id = search._register(store.connect(sqlite_url), spec, doomed, None)
     checkpoint = run_dir(Settings(artifacts=artifacts, run_id=run_id, db_url=sqlite_url), doomed) / "checkpoint.pt"
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_bytes(b"not a checkpoint")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ablate.errors import SpecError
-from ablate.spec import count_trials, expand_grid, load_spec, load_trials, parse_duration, parse_spec, reference_for
+from ablate.config.errors import SpecError
+from ablate.config import count_trials, expand_grid, load_spec, load_trials, parse_duration, parse_spec, reference_for
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -78,7 +78,7 @@ def test_fingerprint_is_stable_across_key_order_formatting_and_processes(tmp_pat
     fa = [t.fingerprint() for t in load_trials(a)[1]]
     fb = [t.fingerprint() for t in load_trials(b)[1]]
     assert fa == fb
-    code = f"from ablate.spec import load_trials; print(*[t.fingerprint() for t in load_trials({str(a)!r})[1]])"
+    code = f"from ablate.config import load_trials; print(*[t.fingerprint() for t in load_trials({str(a)!r})[1]])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": "123", "PATH": ""})
     assert out.stdout.split() == fa
 

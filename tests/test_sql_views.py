@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ablate import db, results, runner
+from ablate import results, runner, store
 from ablate.cli import main
-from ablate.errors import AblateError
+from ablate.config.errors import AblateError
 from tests.test_train import make_trial, registered
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,10 +25,10 @@ def url(request):
 
 def _smoke(url: str) -> list[int]:
     _, _, ids = runner.register(SMOKE, url)
-    engine = db.connect(url)
-    db.update_run(engine, ids[0], status="completed", final_eval_loss=3.5, options={"expand": 2}, precision="fp32")
-    db.update_run(engine, ids[1], status="failed", error="trainer exited with code 1:\nboom", attempts=2)
-    db.update_run(engine, ids[2], status="completed", final_eval_loss=3.1)
+    engine = store.connect(url)
+    store.update_run(engine, ids[0], status="completed", final_eval_loss=3.5, options={"expand": 2}, precision="fp32")
+    store.update_run(engine, ids[1], status="failed", error="trainer exited with code 1:\nboom", attempts=2)
+    store.update_run(engine, ids[2], status="completed", final_eval_loss=3.1)
     return ids
 
 
@@ -89,7 +89,7 @@ def test_the_readmes_loss_at_a_point_query_reads_the_eval_point_index(url):
     query = re.search(r"`(SELECT run_id, loss FROM eval_curve WHERE eval_point = 0\.5)`",
                       (REPO / "README.md").read_text()).group(1)
     _smoke(url)
-    engine = db.connect(url)
+    engine = store.connect(url)
     with engine.connect() as conn:
         if engine.dialect.name == "postgresql":
             conn.execute(sa.text("SET LOCAL enable_seqscan = off"))  # a tiny table: ask whether the index can serve

@@ -17,10 +17,10 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from ablate import budget, db, runner
+from ablate import budget, runner, store
 from ablate.cli import main
-from ablate.errors import AblateError, SpecError
-from ablate.overrides import apply_overrides
+from ablate.config.errors import AblateError, SpecError
+from ablate.config.overrides import apply_overrides
 from tests.test_train import make_trial, registered
 from tests.waiting import patience, wait_until
 
@@ -34,12 +34,12 @@ def _wait(predicate, timeout: float, what: str):
 
 
 def _training(engine, rid: int):
-    return lambda: (r := db.get_run(engine, rid)).status == "running" and (r.last_step or 0) > 0 and r
+    return lambda: (r := store.get_run(engine, rid)).status == "running" and (r.last_step or 0) > 0 and r
 
 
 def test_a_cancel_written_by_another_host_stops_the_trainer_at_its_next_heartbeat(sqlite_url, tmp_path):
     rid = registered(sqlite_url, make_trial(budget={"wall_clock": 120}))
-    engine = db.connect(sqlite_url)
+    engine = store.connect(sqlite_url)
     opts = runner.RunOptions(db_url=sqlite_url, artifacts=tmp_path / "art", threads=1, extra_env=FAST)
     out: dict[str, str] = {}
     t = threading.Thread(target=lambda: out.update(status=runner.run_trial(rid, opts)))
@@ -47,10 +47,10 @@ def test_a_cancel_written_by_another_host_stops_the_trainer_at_its_next_heartbea
     _wait(_training(engine, rid), 120, "the trainer never trained")
     t0 = time.monotonic()
     with engine.begin() as conn:  # what `ablate sweep cancel` on another machine writes; no signal reaches us
-        conn.execute(sa.update(db.Run).where(db.Run.id == rid).values(status="cancelled"))
+        conn.execute(sa.update(store.Run).where(store.Run.id == rid).values(status="cancelled"))
     t.join(60)
     took = time.monotonic() - t0
-    run = db.get_run(engine, rid)
+    run = store.get_run(engine, rid)
     print(f"timings: a trainer in training stopped {took:.1f} s after a cancel written by another host")
     assert out["status"] == "cancelled" and run.status == "cancelled" and run.pid is None, (out, run.status)
     assert took < 15 and run.steps > 0 and Path(run.checkpoint_path).exists()  # it checkpointed first
@@ -58,9 +58,9 @@ def test_a_cancel_written_by_another_host_stops_the_trainer_at_its_next_heartbea
 
 def test_a_trainer_whose_runner_is_gone_checkpoints_and_stops(sqlite_url, tmp_path):
     rid = registered(sqlite_url, make_trial(budget={"wall_clock": 120}))
-    engine = db.connect(sqlite_url)
-    claimant = db.new_claimant()
-    assert db.claim_run(engine, rid, claimant)
+    engine = store.connect(sqlite_url)
+    claimant = store.new_claimant()
+    assert store.claim_run(engine, rid, claimant)
     stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # the runner (flow run process)
     env = {**os.environ, **FAST, "ABLATE_CLAIMANT": claimant, "ABLATE_RUNNER_PID": str(stand_in.pid),
            "ABLATE_DB_URL": sqlite_url}
@@ -76,7 +76,7 @@ def test_a_trainer_whose_runner_is_gone_checkpoints_and_stops(sqlite_url, tmp_pa
     finally:
         stand_in.kill()
         trainer.kill()
-    run = db.get_run(engine, rid)
+    run = store.get_run(engine, rid)
     assert run.status == "preempted" and took < 15 and Path(run.checkpoint_path).exists(), (run.status, took)
 
 
@@ -84,7 +84,7 @@ def test_a_trainer_whose_runner_is_gone_checkpoints_and_stops(sqlite_url, tmp_pa
 def test_sigterm_during_warm_up_stops_the_trainer_at_once(sqlite_url, tmp_path):
     """compile: true makes the untimed warm-up long (about 45 s of torch.compile on CPU), as on a GPU."""
     rid = registered(sqlite_url, make_trial(budget={"steps": 50}, compile=True))
-    engine = db.connect(sqlite_url)
+    engine = store.connect(sqlite_url)
     log = tmp_path / "trainer.log"
     with open(log, "w") as fh:
         trainer = subprocess.Popen([sys.executable, "-m", "ablate.train", "--run-id", str(rid), "--artifacts",
@@ -95,7 +95,7 @@ def test_sigterm_during_warm_up_stops_the_trainer_at_once(sqlite_url, tmp_path):
                                         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
     try:
         # the optimizer exists once start-up is done; the warm-up steps (and compile) follow
-        _wait(lambda: db.get_run(engine, rid).status == "running", 60, "no claim")
+        _wait(lambda: store.get_run(engine, rid).status == "running", 60, "no claim")
         time.sleep(12)  # past data and model (a few seconds), well inside the compile
         assert trainer.poll() is None
         t0 = time.monotonic()
@@ -104,7 +104,7 @@ def test_sigterm_during_warm_up_stops_the_trainer_at_once(sqlite_url, tmp_path):
         took = time.monotonic() - t0
     finally:
         trainer.kill()
-    run = db.get_run(engine, rid)
+    run = store.get_run(engine, rid)
     print(f"timings: trainer stopped {took:.1f} s after SIGTERM during compile warm-up")
     assert run.status == "preempted" and run.steps == 0 and run.train_seconds == 0.0, (run.status, log.read_text()[-2000:])
     assert took < 10
@@ -170,13 +170,13 @@ def test_a_failed_trial_flow_ends_failed_with_the_reason(sqlite_url, tmp_path):
     from flows.sweep import trial
 
     rid = registered(sqlite_url, make_trial())
-    engine = db.connect(sqlite_url)
-    run = db.get_run(engine, rid)
+    engine = store.connect(sqlite_url)
+    run = store.get_run(engine, rid)
     broken = {**run.config, "dataset": {**run.config["dataset"], "source": str(tmp_path / "gone.txt")}}
-    db.update_run(engine, rid, config=broken)  # the file went away after the sweep was checked
+    store.update_run(engine, rid, config=broken)  # the file went away after the sweep was checked
     state = trial(rid, db_url=sqlite_url, artifacts=str(tmp_path / "art"), threads=1, return_state=True)
     assert state.is_failed() and f"run {rid} failed: dataset.source: no such file" in state.message, state.message
-    assert db.get_run(engine, rid).status == "failed"
+    assert store.get_run(engine, rid).status == "failed"
 
 
 def test_overrides_change_the_trials_and_name_the_sweep_after_themselves(sqlite_url, tmp_path):
@@ -192,15 +192,15 @@ def test_overrides_change_the_trials_and_name_the_sweep_after_themselves(sqlite_
         apply_overrides(data, {"budgte": "3m"})
     spec, _, ids = runner.register(SMOKE, sqlite_url, overrides={"budget": "steps=7", "source": "ablate:tinystories-sample"})
     assert spec.name == "smoke-budget-steps-7-data-ablate-tinystories-sample" and len(ids) == 4
-    run = db.get_run(db.connect(sqlite_url), ids[0])
+    run = store.get_run(store.connect(sqlite_url), ids[0])
     assert run.budget_kind == "steps" and run.budget_amount == 7
     assert run.config["dataset"]["source"] == "ablate:tinystories-sample"
 
 
 def test_a_modified_copy_under_the_same_name_is_refused_unless_merged(sqlite_url, tmp_path, capsys):
-    engine = db.connect(sqlite_url)
+    engine = store.connect(sqlite_url)
     _, _, ids = runner.register(SMOKE, sqlite_url)
-    db.update_run(engine, ids[0], status="completed", final_eval_loss=3.0)
+    store.update_run(engine, ids[0], status="completed", final_eval_loss=3.0)
     copy = yaml.safe_load(SMOKE.read_text())
     copy["budget"]["wall_clock"] = "60s"  # the same cells, another experiment
     path = tmp_path / "smoke.yaml"
@@ -209,10 +209,10 @@ def test_a_modified_copy_under_the_same_name_is_refused_unless_merged(sqlite_url
     err = capsys.readouterr().err
     assert "already holds results for the same cells with other settings (1 completed)" in err and "--merge" in err
     with engine.connect() as conn:
-        assert conn.execute(sa.select(sa.func.count()).select_from(db.Run)).scalar() == 4  # nothing written
+        assert conn.execute(sa.select(sa.func.count()).select_from(store.Run)).scalar() == 4  # nothing written
     assert main(["sweep", "register", str(path), "--db", sqlite_url, "--merge"]) == 0
     with engine.connect() as conn:
-        assert conn.execute(sa.select(sa.func.count()).select_from(db.Run)).scalar() == 5  # the unfinished 3 replaced
+        assert conn.execute(sa.select(sa.func.count()).select_from(store.Run)).scalar() == 5  # the unfinished 3 replaced
     # a grid edit that only adds cells is not a conflict
     grown = yaml.safe_load(SMOKE.read_text())
     grown["grid"].append({"architecture": "mixer", "d_model": [96]})
@@ -230,8 +230,8 @@ def test_sweep_run_checks_the_data_before_registering_anything(sqlite_url, tmp_p
     assert main(["sweep", "run", str(path), "--db", sqlite_url, "--artifacts", str(tmp_path / "art")]) == 2
     took = time.monotonic() - t0
     assert "tokenizer.vocab_size: the corpus supports only" in capsys.readouterr().err
-    with db.connect(sqlite_url).connect() as conn:
-        assert conn.execute(sa.select(sa.func.count()).select_from(db.Sweep)).scalar() == 0
+    with store.connect(sqlite_url).connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(store.Sweep)).scalar() == 0
     assert took < 60
 
 
@@ -248,8 +248,8 @@ def test_a_data_file_that_does_not_parse_fails_with_one_message_and_leaves_nothi
     last = capsys.readouterr().err.strip().splitlines()[-1]  # (exit 2 above: no exception escaped)
     assert last.startswith("error: dataset") and "bad.jsonl" in last, last
     assert sorted(p.relative_to(art) for p in art.rglob("*")) == []  # no cache, tokenizer, lock or folder left
-    with db.connect(sqlite_url).connect() as conn:
-        assert conn.execute(sa.select(sa.func.count()).select_from(db.Sweep)).scalar() == 0
+    with store.connect(sqlite_url).connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(store.Sweep)).scalar() == 0
 
 
 def test_plan_warns_about_a_hub_dataset_it_cannot_load_offline(capsys, monkeypatch):
@@ -287,11 +287,11 @@ def test_status_says_when_a_running_row_is_stale(sqlite_url, capsys):
     import io
 
     _, _, ids = runner.register(SMOKE, sqlite_url)
-    engine = db.connect(sqlite_url)
-    db.update_run(engine, ids[0], status="running", claimed_by="elsewhere:1:x", pid=1234, host="elsewhere",
-                  heartbeat_at=db.utcnow() - dt.timedelta(seconds=db.STALE_SECONDS + 5))
-    db.update_run(engine, ids[1], status="running", claimed_by="elsewhere:2:y", pid=1235, host="elsewhere",
-                  heartbeat_at=db.utcnow())
+    engine = store.connect(sqlite_url)
+    store.update_run(engine, ids[0], status="running", claimed_by="elsewhere:1:x", pid=1234, host="elsewhere",
+                  heartbeat_at=store.utcnow() - dt.timedelta(seconds=store.STALE_SECONDS + 5))
+    store.update_run(engine, ids[1], status="running", claimed_by="elsewhere:2:y", pid=1235, host="elsewhere",
+                  heartbeat_at=store.utcnow())
     capsys.readouterr()
     assert main(["sweep", "status", "smoke", "--db", sqlite_url, "--format", "csv"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
@@ -316,15 +316,15 @@ def test_a_cancelled_trainer_that_does_not_stop_shows_cancelling_and_is_killed_a
 
     spec, _, ids = runner.register(SMOKE, sqlite_url)
     name, rid = spec.name, ids[0]
-    engine = db.connect(sqlite_url)
-    claimant = db.new_claimant()
-    assert db.claim_run(engine, rid, claimant)
+    engine = store.connect(sqlite_url)
+    claimant = store.new_claimant()
+    assert store.claim_run(engine, rid, claimant)
     env = {**os.environ, "ABLATE_HEARTBEAT_SECONDS": "0.5", "ABLATE_CANCEL_GRACE_SECONDS": "4"}
     proc = subprocess.Popen([sys.executable, "-c", STUCK_TRAINER, sqlite_url, str(rid), claimant], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     try:
         assert proc.stdout.readline().strip() == "ready"
-        db.update_run(engine, rid, claimant=claimant, pid=proc.pid)
+        store.update_run(engine, rid, claimant=claimant, pid=proc.pid)
         t0 = time.monotonic()
         waiting, stopping, left = runner.cancel(engine, name, wait=1.0)
         assert stopping == 1 and left == 1  # SIGTERM sent (from this host) but the trainer is still there
@@ -338,7 +338,7 @@ def test_a_cancelled_trainer_that_does_not_stop_shows_cancelling_and_is_killed_a
         proc.kill()
     assert code == -signal.SIGKILL and 3.5 <= took < 30, (code, took)
     assert "killed" in proc.stdout.read()
-    assert not db.trainer_running(db.get_run(engine, rid))  # its pid is gone: `sweep status` stops saying so
+    assert not store.trainer_running(store.get_run(engine, rid))  # its pid is gone: `sweep status` stops saying so
 
 
 def test_waits_scale_with_the_load_and_a_timeout_says_the_machine_was_busy():
@@ -378,7 +378,7 @@ def test_a_deadline_grows_while_the_machine_is_busy_and_says_so_when_it_passes(m
 
 
 def test_a_sweep_whose_token_caches_are_built_checks_them_without_importing_torch(tmp_path):
-    from ablate.spec import load_trials
+    from ablate.config import load_trials
 
     spec = yaml.safe_load(SMOKE.read_text())
     spec["dataset"], spec["tokenizer"] = {"source": "ablate:tinystories-sample", "eval": {"holdout": 24}}, {"vocab_size": 320}
@@ -386,7 +386,7 @@ def test_a_sweep_whose_token_caches_are_built_checks_them_without_importing_torc
     path.write_text(yaml.safe_dump(spec))
     art = tmp_path / "art"
     runner.prepare_data(load_trials(path)[1], art, progress=False)  # built here (this process has torch anyway)
-    probe = ("import sys; from pathlib import Path; from ablate import runner; from ablate.spec import load_trials; "
+    probe = ("import sys; from pathlib import Path; from ablate import runner; from ablate.config import load_trials; "
              f"said = []; runner.prepare_data(load_trials({str(path)!r})[1], Path({str(art)!r}), say=said.append); "
              "print(said, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=patience(120), cwd=REPO)

@@ -16,8 +16,8 @@ import pytest
 from conftest import REPO, SAMPLE
 
 from ablate.data import load_documents, prepare, train_eval_documents
-from ablate.errors import AblateError
-from ablate.spec import TokenizerRef, load_spec
+from ablate.config.errors import AblateError
+from ablate.config import TokenizerRef, load_spec
 
 STORIES = [s.strip() for s in SAMPLE.read_text().split("<|endoftext|>")
            if s.strip()]

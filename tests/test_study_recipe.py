@@ -15,10 +15,10 @@ import pytest
 import torch
 import yaml
 
-from ablate import db, objectives, runner
+from ablate import objectives, runner, store
 from ablate.data import prepare
-from ablate.errors import SpecError
-from ablate.spec import TrialConfig, describe_recipe, load_spec, load_trials, parse_spec
+from ablate.config.errors import SpecError
+from ablate.config import TrialConfig, describe_recipe, load_spec, load_trials, parse_spec
 from ablate.train import Settings, train
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ def test_the_recipe_says_what_it_scores_and_the_run_records_it():
     studies = parse_spec({"name": "s", "recipe": "studies", "dataset": {"source": "ablate:tinystories-sample"},
                           "budget": {"steps": 2}, "defaults": {"architecture": "mixer", "d_model": 8, "layers": 1,
                                                                "context": 8, "lr": 1e-3, "batch_size": 1}})
-    from ablate.spec import expand_grid
+    from ablate.config import expand_grid
 
     (t,) = expand_grid(studies)
     assert t.eos_is_target is False and t.model_dump(mode="json")["eos_is_target"] is False
@@ -160,7 +160,7 @@ def test_a_local_source_override_holds_documents_out_instead_of_a_split_it_lacks
     assert spec.dataset.eval.holdout == 300 and spec.name.endswith("holdout-300")
     hub = load_trials(SWEEPS / "tinystories-widths.yaml", overrides={"source": "someone/stories"})[0]
     assert hub.dataset.eval.split == "validation"  # a hub dataset keeps its split
-    from ablate.overrides import apply_overrides
+    from ablate.config.overrides import apply_overrides
 
     plain = {"name": "x", "dataset": {"source": "someone/stories"}, "budget": {"steps": 1},
              "defaults": {"architecture": "mixer", "d_model": 8, "layers": 1, "context": 8, "lr": 1e-3, "batch_size": 1}}
@@ -190,7 +190,7 @@ def test_the_readme_cluster_example_with_a_local_source_prepares_and_registers(s
                                           overrides={"source": "ablate:tinystories", "vocab_size": 512},
                                           artifacts=tmp_path / "art")
     assert len(ids) == 12 and spec.dataset.eval.holdout == 1000
-    stored = db.get_run(db.connect(sqlite_url), ids[0]).config
+    stored = store.get_run(store.connect(sqlite_url), ids[0]).config
     assert stored["dataset"]["eval"]["holdout"] == 1000 and stored["dataset"]["eval"]["split"] is None
     assert stored["dataset"]["source"] == "ablate:tinystories"
 
@@ -204,8 +204,8 @@ def test_a_gpus_override_keeps_the_studys_global_batch():
     assert any("not the study's 4x v100" in note for note in spec.overrides)
     data = yaml.safe_load((SWEEPS / "v100-mixers.yaml").read_text())
     data["grid"][0]["grad_accum"] = [2, 3]
-    from ablate.overrides import apply_overrides
-    from ablate.spec import expand_grid
+    from ablate.config.overrides import apply_overrides
+    from ablate.config import expand_grid
 
     scaled = expand_grid(parse_spec(apply_overrides(data, {"gpus": 2})))
     assert sorted({t.grad_accum for t in scaled}) == [2, 4, 6]  # the block's own values, and the default, doubled
@@ -214,7 +214,7 @@ def test_a_gpus_override_keeps_the_studys_global_batch():
 
 
 def test_a_gpus_override_on_a_malformed_file_names_the_files_fields_instead_of_a_traceback():
-    from ablate.overrides import apply_overrides
+    from ablate.config.overrides import apply_overrides
 
     data = {"name": "x", "dataset": {"source": "ablate:tinystories"}, "budget": {"steps": 5, "gpus": "four"},
             "defaults": [1, 2], "grid": [{"architecture": "mixer", "d_model": 8, "layers": 1, "context": 8,
@@ -234,10 +234,10 @@ def test_overrides_are_printed_by_plan_and_stored_with_the_sweep(sqlite_url, cap
     out = capsys.readouterr().out
     assert "override: hardware: 1x h100" in out and "32x4" in out
     spec, sweep_id, _ = runner.register(SWEEPS / "v100-mixers.yaml", sqlite_url, overrides={"gpus": 1})
-    with db.connect(sqlite_url).connect() as conn:
+    with store.connect(sqlite_url).connect() as conn:
         import sqlalchemy as sa
 
-        stored = conn.execute(sa.select(db.Sweep.spec).where(db.Sweep.id == sweep_id)).scalar()
+        stored = conn.execute(sa.select(store.Sweep.spec).where(store.Sweep.id == sweep_id)).scalar()
     assert any("grad_accum x4" in note for note in stored["overrides"])
     assert load_spec(SWEEPS / "v100-mixers.yaml").fingerprint() != spec.fingerprint()
 

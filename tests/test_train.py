@@ -15,10 +15,10 @@ import pytest
 import sqlalchemy as sa
 import torch
 
-from ablate import db
+from ablate import store
 from ablate.budget import lr_at
-from ablate.errors import AblateError
-from ablate.spec import TrialConfig
+from ablate.config.errors import AblateError
+from ablate.config import TrialConfig
 from ablate.train import Settings, train
 from tests.waiting import Deadline, patience
 
@@ -37,22 +37,22 @@ def make_trial(**over) -> TrialConfig:
 
 def registered(url: str, trial: TrialConfig) -> int:
     """A run row for `trial` in a one-trial sweep (what the runner hands the trainer)."""
-    from ablate.spec import parse_spec
+    from ablate.config import parse_spec
 
-    engine = db.connect(url)
+    engine = store.connect(url)
     spec = parse_spec({"name": f"t{abs(hash(trial.fingerprint())) % 10_000}", "dataset": trial.dataset.model_dump(),
                        "budget": trial.budget.model_dump(exclude_none=True),
                        "grid": [{"architecture": trial.architecture, "d_model": trial.d_model}],
                        "defaults": {"layers": 1, "context": 8, "lr": 1e-3, "batch_size": 1}})
-    _, ids = db.register_sweep(engine, spec, [trial])
+    _, ids = store.register_sweep(engine, spec, [trial])
     return ids[0]
 
 
 def metric_rows(url: str, run_id: int, split: str | None = None) -> list:
-    engine = db.connect(url)
-    q = sa.select(db.Metric).where(db.Metric.run_id == run_id).order_by(db.Metric.split, db.Metric.step)
+    engine = store.connect(url)
+    q = sa.select(store.Metric).where(store.Metric.run_id == run_id).order_by(store.Metric.split, store.Metric.step)
     if split:
-        q = q.where(db.Metric.split == split)
+        q = q.where(store.Metric.split == split)
     with engine.connect() as conn:
         return conn.execute(q).all()
 
@@ -83,7 +83,7 @@ def test_step_budget_trains_records_and_lowers_the_loss(tmp_path, db_url):
     out = train(trial, Settings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False,
                                 log_points=10))
     assert out["status"] == "completed" and out["steps"] == 30
-    run = db.get_run(db.connect(sqlite_url), run_id)
+    run = store.get_run(store.connect(sqlite_url), run_id)
     assert run.status == "completed" and run.final_eval_loss == pytest.approx(out["final_eval_loss"])
     assert run.params > 0 and run.tokens == out["tokens"] > 0 and run.flops_per_token > 0
     train_rows = metric_rows(sqlite_url, run_id, "train")
@@ -180,15 +180,15 @@ def test_a_run_killed_midway_resumes_the_same_trajectory_without_duplicate_metri
     assert proc.poll() is None, "the trainer finished before it could be killed: raise `steps`"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert db.get_run(db.connect(url_b), run_b).status == "running"  # never finished; its claimant is dead
+    assert store.get_run(store.connect(url_b), run_b).status == "running"  # never finished; its claimant is dead
     first = torch.load(ckpt, weights_only=True)["progress"]["meters"]
     subprocess.run(_train_cmd(url_b, run_b, tmp_path / "art-b", 1.0), check=True, timeout=patience(300))
     a, b = metric_rows(url_a, run_a), metric_rows(url_b, run_b)
     assert [(r.split, r.step) for r in a] == [(r.split, r.step) for r in b]
     for ra, rb in zip(a, b):
         assert rb.loss == pytest.approx(ra.loss, rel=2e-3, abs=2e-3), (ra.split, ra.step, ra.loss, rb.loss)
-    final_a = db.get_run(db.connect(url_a), run_a)
-    final_b = db.get_run(db.connect(url_b), run_b)
+    final_a = store.get_run(store.connect(url_a), run_a)
+    final_b = store.get_run(store.connect(url_b), run_b)
     assert final_b.status == "completed" and final_b.steps == final_a.steps == steps
     assert final_b.startup_seconds >= 0  # this attempt's own start-up, not minus the first attempt's warm-up
     # the resumed attempt warmed up too (its first steps' compile and allocation are start-up, not training time)
@@ -215,8 +215,8 @@ def test_two_process_ddp_matches_one_process_at_the_same_global_batch(tmp_path, 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            *_train_cmd(url, r2, tmp_path / "art", 1e9)[1:]]
     subprocess.run(cmd, check=True, timeout=patience(300), env={**os.environ, "OMP_NUM_THREADS": "1"})
-    engine = db.connect(url)
-    a, b = db.get_run(engine, r1), db.get_run(engine, r2)
+    engine = store.connect(url)
+    a, b = store.get_run(engine, r1), store.get_run(engine, r2)
     assert b.status == "completed" and b.samples == a.samples == steps * 8
     assert b.final_eval_loss == pytest.approx(a.final_eval_loss, abs=0.05)
     steps_b = [(r.split, r.step) for r in metric_rows(url, r2)]
@@ -257,7 +257,7 @@ def test_the_run_records_its_threads_epochs_and_an_absolute_checkpoint_path(sqli
         import torch
 
         torch.set_num_threads(before)
-    run = db.get_run(db.connect(sqlite_url), run_id)
+    run = store.get_run(store.connect(sqlite_url), run_id)
     rows = len(prepare(trial.dataset, trial.tokenizer, trial.context, tmp_path / "art", progress=False).train)
     assert run.threads == 1
     assert run.epochs == pytest.approx(out["samples"] / rows) and out["samples"] == 8 * trial.batch_size
@@ -272,14 +272,15 @@ def torch_threads() -> int:
 
 def test_the_runner_gives_each_trainer_its_share_of_the_free_cores(monkeypatch):
     from ablate import runner
+    from ablate.runner import host
 
-    monkeypatch.setattr(runner, "host_cores", lambda: 16)
-    monkeypatch.setattr(runner, "busy_cores", lambda: 0)  # an idle host
+    monkeypatch.setattr(host, "host_cores", lambda: 16)
+    monkeypatch.setattr(host, "busy_cores", lambda: 0)  # an idle host
     assert runner.default_threads(1) == 16 and runner.default_threads(2) == 8
     assert runner.default_threads(4, processes_per_trial=4) == 1
-    monkeypatch.setattr(runner, "busy_cores", lambda: 6)  # other jobs keep 6 cores busy
+    monkeypatch.setattr(host, "busy_cores", lambda: 6)  # other jobs keep 6 cores busy
     assert runner.default_threads(1) == 10 and runner.default_threads(3) == 3
-    monkeypatch.setattr(runner, "busy_cores", lambda: 15)  # overloaded: one thread, never none
+    monkeypatch.setattr(host, "busy_cores", lambda: 15)  # overloaded: one thread, never none
     assert runner.default_threads(1) == 1
 
 

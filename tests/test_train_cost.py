@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ablate import db
+from ablate import store
 from ablate.train import Settings, make_optimizer, plain_step, train
 from tests.test_train import make_trial, metric_rows, registered
 from tests.waiting import patience
@@ -91,7 +91,7 @@ def test_losses_logged_every_step_are_read_from_the_device_together(tmp_path, sq
     at_once = [(r.step, r.loss, r.tokens) for r in metric_rows(url2, run2, "train")]
     assert [s for s, _, _ in deferred] == list(range(1, 41))
     assert deferred == at_once  # one thread, one seed: the same arithmetic
-    assert db.get_run(db.connect(sqlite_url), run_id).final_train_loss == db.get_run(db.connect(url2), run2).final_train_loss
+    assert store.get_run(store.connect(sqlite_url), run_id).final_train_loss == store.get_run(store.connect(url2), run2).final_train_loss
 
 
 def test_a_run_that_runs_out_of_memory_mid_training_keeps_the_points_not_yet_read(tmp_path, sqlite_url, monkeypatch):

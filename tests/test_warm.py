@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from ablate import db, runner, warm
+from ablate import runner, store
+from ablate.runner import warm
 from tests.test_train import make_trial, metric_rows, registered
 from tests.waiting import patience, wait_until
 
@@ -30,7 +31,7 @@ def _trial_in_thread(url: str, tmp_path, seconds: float, **kwargs):
     out: dict[str, str] = {}
     t = threading.Thread(target=lambda: out.update(status=runner.run_trial(rid, opts, poll_seconds=0.2, **kwargs)))
     t.start()
-    return db.connect(url), rid, t, out
+    return store.connect(url), rid, t, out
 
 
 def test_a_forked_trainer_records_the_same_run_as_a_cold_one(tmp_path, monkeypatch):
@@ -42,7 +43,7 @@ def test_a_forked_trainer_records_the_same_run_as_a_cold_one(tmp_path, monkeypat
     assert runner.run_trial(rids[0], opts[0]) == "completed"
     monkeypatch.setenv("ABLATE_WARM_TRAINER", "0")
     assert runner.run_trial(rids[1], opts[1]) == "completed"
-    warm_run, cold_run = (db.get_run(db.connect(u), r) for u, r in zip(urls, rids))
+    warm_run, cold_run = (store.get_run(store.connect(u), r) for u, r in zip(urls, rids))
     assert _losses(urls[0], rids[0]) == _losses(urls[1], rids[1]) and len(_losses(urls[0], rids[0])) >= 2
     assert warm_run.final_eval_loss == cold_run.final_eval_loss and warm_run.steps == cold_run.steps == 6 and warm_run.threads == cold_run.threads == 1
     for run in (warm_run, cold_run):  # each attempt's own CPU, the number bench/trial_cost.py reports
@@ -81,31 +82,31 @@ def test_the_helper_forks_from_a_single_thread_and_reports_exit_codes(tmp_path):
 def test_stopping_a_forked_trainer_checkpoints_it_as_preempted(sqlite_url, tmp_path):
     stop = threading.Event()
     engine, rid, t, out = _trial_in_thread(sqlite_url, tmp_path, 120, should_stop=stop.is_set)
-    wait_until(lambda: db.get_run(engine, rid).startup_seconds is not None, 120,  # written when the timed loop starts
+    wait_until(lambda: store.get_run(engine, rid).startup_seconds is not None, 120,  # written when the timed loop starts
                "the trainer never trained")
     time.sleep(1.0)
-    pid = db.get_run(engine, rid).pid
+    pid = store.get_run(engine, rid).pid
     assert os.getpgid(pid) == pid != os.getpgid(0)  # a session of its own, signalled as a group like a cold trainer
     stop.set()  # the runner SIGTERMs the trainer's process group
     t.join(60)
-    run = db.get_run(engine, rid)
+    run = store.get_run(engine, rid)
     assert out["status"] == "preempted" == run.status and run.steps > 0 and os.path.exists(run.checkpoint_path)
 
 
 def test_a_trainer_outlives_its_helper_and_its_outcome_is_still_recorded(sqlite_url, tmp_path):
     helper = warm.helper()
     engine, rid, t, out = _trial_in_thread(sqlite_url, tmp_path, 4)
-    wait_until(lambda: db.get_run(engine, rid).pid is not None, 120, "the trainer never started", every=0.1)
+    wait_until(lambda: store.get_run(engine, rid).pid is not None, 120, "the trainer never started", every=0.1)
     os.kill(helper.proc.pid, signal.SIGKILL)  # the helper dies (OOM killer); its child goes on under init
     t.join(120)
-    assert out["status"] == "completed" == db.get_run(engine, rid).status
+    assert out["status"] == "completed" == store.get_run(engine, rid).status
     again = warm.helper()
     assert again is not None and again.proc.pid != helper.proc.pid  # the next trial gets a fresh helper
 
 
 def test_a_helper_that_does_not_answer_is_stopped_and_the_trainer_starts_cold(tmp_path, monkeypatch, capsys):
     helper = warm.helper()
-    monkeypatch.setattr(warm, "ANSWER_SECONDS", 1.0)
+    monkeypatch.setattr("ablate.runner.warm.ANSWER_SECONDS", 1.0)  # where WarmTrainer.spawn reads it
     os.kill(helper.proc.pid, signal.SIGSTOP)  # hung (or starved): it must not fork this trial after the runner gave up
     log_path = tmp_path / "t.log"
     with open(log_path, "ab") as log:
@@ -134,7 +135,7 @@ def _warm_on(monkeypatch):
 def test_the_helper_holds_what_llama_and_gpt_trainers_import_in_build():
     """transformers' model modules are imported inside the families' build(): the helper preloads them, so a
     forked Llama or GPT trainer does not import them again (a cold process is the reference)."""
-    probe = ("import sys; from ablate import warm; before = set(sys.modules); warm._preload(); "
+    probe = ("import sys; from ablate.runner import warm; before = set(sys.modules); warm._preload(); "
              "print(sorted(m for m in ('transformers.models.llama.modeling_llama', "
              "'transformers.models.gpt2.modeling_gpt2', 'transformers.models.openai.modeling_openai') "
              "if m in sys.modules and m not in before))")

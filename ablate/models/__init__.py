@@ -1,60 +1,39 @@
-"""The architecture registry: a family is a model module (torch) and an options module (torch-free).
+"""The built-in architecture zoo, registered in `ablate.config.registry` (one line per family below).
 
-A family's torch-free module (OPTIONS_MODULES, `options_module(name)`) exposes what planning needs:
-    Options                      frozen pydantic model of the family's options (extra keys forbidden)
-    param_count(trial, vocab_size) -> int, the closed-form parameter count
-    inter_token_params(trial)      -> int, parameters that mix across positions
-    mixing_flops_per_token(trial)  -> float, forward FLOPs/token of token mixing (beyond 2 * params)
-Its model module (FAMILIES, `family(name)`) imports torch, re-exports those, and adds
-    build(trial, vocab_size)     -> nn.Module mapping input_ids (B, T) -> logits (B, T, V)
-
-Models of the families that the stack-rebuilding objectives support (spec.OBJECTIVE_ARCHITECTURES:
+A family is a model module (torch) and an options module (torch-free); the registry's docstring says what each
+exposes. Models of the families that the stack-rebuilding objectives support (config.trial.OBJECTIVE_ARCHITECTURES:
 bidirectional, autoencoder, one_step) also expose their parts: embed(input_ids) -> (B, T, D),
-hidden_from_embeds(x) -> (B, T, D) through every block, head(hidden) -> logits, and `layers`
-(the block ModuleList).
+hidden_from_embeds(x) -> (B, T, D) through every block, head(hidden) -> logits, and `layers` (the block ModuleList).
 
-Modules are imported lazily, and reading, planning and registering a spec import only the torch-free
-ones, so that they never pay for torch/transformers.
+Modules are imported lazily, and reading, planning and registering a spec import only the torch-free ones, so that
+they never pay for torch/transformers.
 """
 
 from __future__ import annotations
 
-import importlib
 import types
 import typing
 from types import ModuleType
 from typing import Any
 
-from pydantic import BaseModel
+from ablate.config.registry import (check_architecture, families, model_module, options_model, options_module,
+                                    register_architecture)
 
-from ablate.errors import AblateError, did_you_mean, one_of
+__all__ = ["UNMASKED_OBJECTIVES", "build", "check_architecture", "families", "family", "list_families",
+           "options_model", "options_module", "register_architecture"]
 
-FAMILIES: dict[str, str] = {
-    "llama": "ablate.models.llama",
-    "gpt": "ablate.models.gpt",
-    "mixer": "ablate.models.mixer",
-    "hybrid": "ablate.models.hybrid",
-    "metaformer": "ablate.models.metaformer",
-    "mod": "ablate.models.mod",
-}
-
-OPTIONS_MODULES: dict[str, str] = {
-    "llama": "ablate.models.llama_options",
-    "gpt": "ablate.models.gpt_options",
-    "mixer": "ablate.models.mixer_options",
-    "hybrid": "ablate.models.hybrid_options",
-    "metaformer": "ablate.models.metaformer_options",
-    "mod": "ablate.models.mod_options",
-}
-
-DESCRIPTIONS: dict[str, str] = {
-    "llama": "Llama-style transformer (transformers LlamaModel, SDPA attention)",
-    "gpt": "early causal-LM transformer (transformers OpenAI GPT; GPT-2 as an option)",
-    "mixer": "masked mixer: attention replaced by a causally masked linear map over the sequence",
-    "hybrid": "Llama layers with a masked-mixer sequence layer after or beside attention",
-    "metaformer": "one block design, swappable token mixer (attention, metric, quadratic, pool, identity)",
-    "mod": "mixture-of-depths over Llama-style blocks (capacity routing)",
-}
+register_architecture("llama", "ablate.models.llama", "ablate.models.llama_options",
+                      "Llama-style transformer (transformers LlamaModel, SDPA attention)")
+register_architecture("gpt", "ablate.models.gpt", "ablate.models.gpt_options",
+                      "early causal-LM transformer (transformers OpenAI GPT; GPT-2 as an option)")
+register_architecture("mixer", "ablate.models.mixer", "ablate.models.mixer_options",
+                      "masked mixer: attention replaced by a causally masked linear map over the sequence")
+register_architecture("hybrid", "ablate.models.hybrid", "ablate.models.hybrid_options",
+                      "Llama layers with a masked-mixer sequence layer after or beside attention")
+register_architecture("metaformer", "ablate.models.metaformer", "ablate.models.metaformer_options",
+                      "one block design, swappable token mixer (attention, metric, quadratic, pool, identity)")
+register_architecture("mod", "ablate.models.mod", "ablate.models.mod_options",
+                      "mixture-of-depths over Llama-style blocks (capacity routing)")
 
 
 # Objectives that read a whole document at once (a class per document): the only ones that may use a family's
@@ -62,28 +41,9 @@ DESCRIPTIONS: dict[str, str] = {
 UNMASKED_OBJECTIVES = ("classification",)
 
 
-def check_architecture(name: str) -> None:
-    if name not in FAMILIES:
-        raise AblateError(
-            f"unknown architecture {name!r}{did_you_mean(name, FAMILIES)}; known: {one_of(FAMILIES)}"
-        )
-
-
 def family(name: str) -> ModuleType:
     """The family's model module for an architecture name (imports it, and torch): for building."""
-    check_architecture(name)
-    return importlib.import_module(FAMILIES[name])
-
-
-def options_module(name: str) -> ModuleType:
-    """The family's torch-free module: Options, param_count, inter_token_params, mixing_flops_per_token."""
-    check_architecture(name)
-    return importlib.import_module(OPTIONS_MODULES[name])
-
-
-def options_model(name: str) -> type[BaseModel]:
-    """The family's Options class."""
-    return options_module(name).Options
+    return model_module(name)
 
 
 def build(trial: Any, vocab_size: int):
@@ -94,12 +54,12 @@ def build(trial: Any, vocab_size: int):
 def list_families() -> list[dict[str, Any]]:
     """Every family with its description and options (name, type, default, help), for `ablate models`."""
     out = []
-    for name in FAMILIES:
+    for name, fam in families().items():
         options = [
             {"name": key, "type": _type_name(f.annotation), "default": f.default, "help": f.description or ""}
             for key, f in options_model(name).model_fields.items()
         ]
-        out.append({"name": name, "description": DESCRIPTIONS[name], "options": options})
+        out.append({"name": name, "description": fam.description, "options": options})
     return out
 
 

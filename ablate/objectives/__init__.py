@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ablate.errors import AblateError
+from ablate.config.errors import AblateError
 
 IGNORE_INDEX = -100
 

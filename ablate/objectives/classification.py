@@ -91,7 +91,7 @@ def input_tokens(labels: Tensor) -> int:
 
 def check_data(trial: Any, prepared: Any) -> None:
     """Before training: the corpus's labels fit the head (else one message naming both settings)."""
-    from ablate.errors import AblateError
+    from ablate.config.errors import AblateError
 
     needed = max(prepared.train.n_classes, prepared.eval.n_classes)
     classes = trial.objective_settings().classes

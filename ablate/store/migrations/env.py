@@ -1,9 +1,10 @@
-"""Alembic environment: runs on the connection ablate.db hands over (or the URL in the config)."""
+"""Alembic environment: runs on the connection ablate.store.migrate hands over (or the URL in the config)."""
 
 from alembic import context
 from sqlalchemy import create_engine
 
-from ablate.db import VERSION_TABLE, Base
+from ablate.store.migrate import VERSION_TABLE
+from ablate.store.schema import Base
 
 target_metadata = Base.metadata
 config = context.config

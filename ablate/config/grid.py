@@ -1,0 +1,156 @@
+"""Grid expansion: a sweep's blocks become its trials, in grid order, each checked where it came from."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+from pydantic import ValidationError
+
+from ablate.config import registry
+from ablate.config.errors import SpecError, did_you_mean, one_of, show as _show
+from ablate.config.sweep import SweepSpec
+from ablate.config.trial import AXIS_FIELDS, SWEEP_LEVEL_FIELDS, TrialConfig, with_recipe
+
+MAX_TRIALS = 10_000
+
+def _axes_of(block: dict[str, Any]) -> list[tuple[str, list[Any]]]:
+    """(key, values) per axis of a block; option axes are keyed 'options.NAME'."""
+    axes: list[tuple[str, list[Any]]] = []
+    for key, value in block.items():
+        if key in ("zip", "seeds"):
+            continue
+        if key == "options":
+            for opt, ov in value.items():
+                axes.append((f"options.{opt}", ov if isinstance(ov, list) else [ov]))
+        else:
+            axes.append((key, value if isinstance(value, list) else [value]))
+    return axes
+
+
+def count_trials(spec: SweepSpec) -> int:
+    total = 0
+    for block in spec.grid:
+        n = math.prod(len(v) for _, v in _axes_of(block))
+        if "zip" in block:
+            n *= len(next(iter(block["zip"].values())))
+        seeds = block.get("seeds")
+        n *= seeds if isinstance(seeds, int) else len(seeds) if seeds else 1
+        total += n
+    return total
+
+
+def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_TRIALS) -> list[TrialConfig]:
+    """All trials of the sweep, in grid order, duplicates (same fingerprint) removed."""
+    n = count_trials(spec)
+    if n == 0:
+        raise SpecError(["grid: expands to 0 trials; give every axis at least one value"], source)
+    if n > max_trials:
+        raise SpecError(
+            [f"grid: expands to {n:,} trials, over the limit of {max_trials:,}; narrow the grid or pass --max-trials {n}"],
+            source,
+        )
+    trials: list[TrialConfig] = []
+    seen: set[str] = set()
+    problems: list[str] = []
+    sweep_level = {k: getattr(spec, k) for k in SWEEP_LEVEL_FIELDS}
+    for i, block in enumerate(spec.grid):
+        axes = _axes_of(block)
+        zipped = block.get("zip") or {}
+        zip_rows = [dict(zip(zipped, row)) for row in zip(*zipped.values())] if zipped else [{}]
+        seeds = block.get("seeds")
+        seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds) if seeds else [None]
+        for combo in itertools.product(*(v for _, v in axes)):
+            for zrow in zip_rows:
+                for seed in seed_list:
+                    values = {**{k: v for k, v in spec.defaults.items() if k != "options"}}
+                    options = dict(spec.defaults.get("options") or {})
+                    for key, value in list(zip((k for k, _ in axes), combo)) + list(zrow.items()):
+                        if key.startswith("options."):
+                            options[key.removeprefix("options.")] = value
+                        else:
+                            values[key] = value
+                    if seed is not None:
+                        values["seed"] = seed
+                    values["options"] = options
+                    origin = {k: f"grid[{i}].{k}" if (k in block or k in zipped) else f"defaults.{k}" for k in values}
+                    values = with_recipe(spec.recipe, values)
+                    origin.update({k: f"recipe {spec.recipe}: {k}" for k in values if k not in origin})
+                    try:
+                        trial = TrialConfig(**values, **sweep_level)
+                    except ValidationError as exc:
+                        label = ", ".join(f"{k}={str(values[k])[:24]}" for k in ("architecture", "d_model", "heads")
+                                          if k in values)
+                        for err in exc.errors():
+                            key = str(err["loc"][0]) if err["loc"] else _field_named_by(err["msg"])
+                            where = origin.get(key, f"grid[{i}]") + "".join(
+                                f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"][1:]
+                            )
+                            if err["type"] == "missing":
+                                msg = f"required trial field '{key}' is set neither in defaults nor in the block"
+                                where = f"grid[{i}]"
+                            else:
+                                msg = err["msg"].removeprefix("Value error, ")
+                                inp = err.get("input")
+                                if not isinstance(inp, dict) and err["type"] != "value_error":
+                                    msg += f" (got {_show(inp)})"
+                            problems.append(f"{where}: {msg} [trial {label}]")
+                        continue
+                    fp = trial.fingerprint()
+                    if fp not in seen:
+                        seen.add(fp)
+                        trials.append(trial)
+    if problems:
+        raise SpecError(list(dict.fromkeys(problems)), source)
+    for j, ref in enumerate(spec.reference):
+        if not any(ref.matches(t) for t in trials):
+            problems.append(f"reference[{j}].match: {_show(ref.match)} matches no trial of the grid; "
+                            "check the axis names and values")
+    problems += _check_report_axes(spec, trials)
+    if problems:
+        raise SpecError(problems, source)
+    return trials
+
+
+def report_axes(spec: SweepSpec, trials: list[TrialConfig]) -> set[str]:
+    """The axis names reports can group, filter and order by: those of TrialConfig.axes() for these trials,
+    and for a search the options its parameters (or its architecture choices) can bring in."""
+    known = set(AXIS_FIELDS)
+    for trial in trials:
+        known.update(trial.axes())
+    if spec.search is not None:
+        known.update(n for n in spec.search.parameters if n.startswith(("options.", "objective_options.")))
+        arch = spec.search.parameters.get("architecture")
+        for name in (arch.choices or ()) if arch is not None else ():
+            cls = registry.options_model(name) if isinstance(name, str) and name in registry.families() else None
+            known.update(f"options.{k}" for k in getattr(cls, "model_fields", {}))
+    return known
+
+
+def _check_report_axes(spec: SweepSpec, trials: list[TrialConfig]) -> list[str]:
+    """Unknown axis names in report tables and orderings: a typo there would silently match nothing."""
+    known = report_axes(spec, trials)
+    named: list[tuple[str, str]] = []
+    for i, table in enumerate(spec.report.tables):
+        named += [(f"report.tables[{i}].group_by", n) for n in table.group_by]
+        named += [(f"report.tables[{i}].columns", table.columns)]
+        named += [(f"report.tables[{i}].where", n) for n in table.where]
+    for j, order in enumerate(spec.report.orderings):
+        for part in ("better", "worse"):
+            named += [(f"report.orderings[{j}].{part}", n) for n in getattr(order, part)]
+        named += [(f"report.orderings[{j}].at", n) for n in order.at]
+    return [f"{where}: '{name}' is not an axis of this sweep's trials{did_you_mean(name, known)}; axes: {one_of(known)}"
+            for where, name in named if name not in known]
+
+
+def _field_named_by(message: str) -> str:
+    """The trial field a whole-trial validation message is about (for its key path)."""
+    message = message.removeprefix("Value error, ")
+    for prefix, field in (("objective_options", "objective_options"), ("objective ", "objective"), ("heads=", "heads"), ("kv_heads=", "kv_heads"), ("unknown architecture", "architecture"),
+                          ("unknown objective", "objective"), ("unknown ", "options"), ("option ", "options")):
+        if message.startswith(prefix):
+            return field
+    return ""
+
+

@@ -1,0 +1,250 @@
+"""A sweep: the top-level spec and its blocks (search, report, reference numbers, the retrieval stage)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ablate.config.data import DatasetRef, PairsRef, TokenizerRef
+from ablate.config.errors import did_you_mean, one_of
+from ablate.config.trial import GRID_FIELDS, TrialConfig, fingerprint
+from ablate.config.units import Budget, EvalPlan, Frozen, Real, Whole
+
+# ---------------------------------------------------------------- sweep
+
+
+class SearchParam(Frozen):
+    type: Literal["categorical", "float", "int"]
+    choices: tuple[Any, ...] | None = None
+    low: Real | None = None
+    high: Real | None = None
+    log: bool = False
+    step: Real | None = Field(None, gt=0)
+    when: dict[str, Any] | None = None  # conditional: only sampled when these other parameters have these values
+
+    @model_validator(mode="after")
+    def _shape(self) -> SearchParam:
+        if self.type == "categorical":
+            if not self.choices:
+                raise ValueError("a categorical parameter needs a non-empty 'choices' list")
+        else:
+            if self.low is None or self.high is None or self.low >= self.high:
+                raise ValueError(f"a {self.type} parameter needs low < high (got low={self.low}, high={self.high})")
+            if self.log and self.low <= 0:
+                raise ValueError("a log-scale parameter needs low > 0")
+        return self
+
+
+class SearchBlock(Frozen):
+    parameters: dict[str, SearchParam]
+    sampler: Literal["tpe", "random", "grid", "cmaes"] = "tpe"
+    pruner: Literal["median", "hyperband", "none"] = "median"
+    n_trials: Whole = Field(20, gt=0)
+    direction: Literal["minimize"] = "minimize"
+    objective: Literal["final_eval_loss"] = "final_eval_loss"
+    base: dict[str, Any] = Field(default_factory=dict)  # trial fields fixed for the search, over defaults
+
+    @field_validator("parameters")
+    @classmethod
+    def _known_fields(cls, v: dict[str, SearchParam]) -> dict[str, SearchParam]:
+        for name in v:
+            if name not in GRID_FIELDS and not name.startswith("options."):
+                raise ValueError(
+                    f"search parameter {name!r} is not a trial field{did_you_mean(name, GRID_FIELDS)}; "
+                    f"use one of {one_of(GRID_FIELDS)} or options.NAME"
+                )
+        return v
+
+
+class TableSpec(Frozen):
+    title: str | None = None
+    group_by: tuple[str, ...] = ("architecture",)  # one table per distinct value of these axes
+    columns: str = "d_model"  # the varying axis across a table
+    where: dict[str, Any] = Field(default_factory=dict)  # only trials matching these axes
+
+
+class Ordering(Frozen):
+    """A published ordering the report checks on our table: runs matching `better` reach a lower test loss
+    than runs matching `worse`, at each combination of the `at` axes (held equal)."""
+
+    claim: str = Field(min_length=1)  # the study's statement, with where it is published
+    better: dict[str, Any]
+    worse: dict[str, Any]
+    at: tuple[str, ...] = ()
+
+
+class ReportBlock(Frozen):
+    tables: tuple[TableSpec, ...] = (TableSpec(),)
+    curves: tuple[Literal["hours", "tokens", "steps"], ...] = ("hours", "tokens")
+    kind: Literal["loss", "memory"] = "loss"
+    prompt: str | None = None
+    orderings: tuple[Ordering, ...] = ()
+
+
+class Reference(Frozen):
+    """Published numbers for the trials matching `match` (axes; options as options.key)."""
+
+    match: dict[str, Any]
+    train: Real | None = None
+    eval: Real | None = None
+    memory_mb: Real | Literal["OOM"] | None = None
+    source: str | None = None
+
+    def matches(self, trial: TrialConfig) -> bool:
+        axes = trial.axes()
+        return all(_same(axes.get(k, _MISSING), v) for k, v in self.match.items())
+
+
+_MISSING = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-9)
+        except (TypeError, ValueError):
+            return False
+    return a == b
+
+
+
+class RetrievalReference(Frozen):
+    match: dict[str, Any] = Field(default_factory=dict)
+    candidates: Whole = Field(gt=1)
+    eval: Real
+
+
+class RetrievalSettings(Frozen):
+    """The retrieval model and its optimisation. Defaults: a small, quick model (input norm, width 128, 2 blocks,
+    AdamW lr 1e-3 wd 0.01, cosine decay); the study sweeps give the authors' (no input norm, the embedding's
+    width, 8 blocks, no final norm, HF Trainer AdamW lr 1e-4 without decay, 500 warm-up steps, linear decay)."""
+
+    lr: Real = Field(1e-3, gt=0, le=1)
+    standardize: bool = Field(True, description="z-score embeddings per feature before the retrieval model (not the "
+                              "study's method: it changes the published transformer failure at c=1024)")
+    d_model: Whole | None = Field(128, gt=0, description="the retrieval blocks' width; null: the embedding's own "
+                                  "width, with no input projection (the authors')")
+    layers: Whole = Field(2, gt=0, le=64, description="retrieval mixer blocks (the authors': 8)")
+    input_norm: bool = Field(True, description="a LayerNorm on the embeddings before the model (the authors' had none: "
+                             "like standardize, it evens out the embeddings' scales)")
+    final_norm: bool = Field(True, description="a LayerNorm before the scoring head (the authors' had none)")
+    weight_decay: Real = Field(0.01, ge=0, description="AdamW weight decay (the HF Trainer's default: 0)")
+    batch_size: Whole = Field(64, gt=0, description="queries per step (the authors': 32 on TinyStories, 128 on FineWeb)")
+    schedule: Literal["cosine", "linear"] = "cosine"
+    warmup_steps: Whole | None = Field(None, ge=0, description="warm-up in steps; null: 5% of the training steps")
+
+
+# the settings every retrieval block had before they were fields (all but lr, a field from the start): at these
+# values they are left out of sweep fingerprints, so that earlier sweeps keep their identity
+_RETRIEVAL_LEGACY = {name: field.default for name, field in RetrievalSettings.model_fields.items() if name != "lr"}
+
+
+class RetrievalPlan(RetrievalSettings):
+    """The retrieval stage after training: embed pairs with each completed run, train a retrieval model per c."""
+
+    pairs: PairsRef
+    candidates: tuple[Whole, ...] = Field((32, 128), min_length=1)
+    candidates_count_query: bool = Field(False, description="c counts the query's slot: c=32 is the query and 31 "
+                                         "texts (the authors' n_context, whose chance loss is ln 31 = 3.43); "
+                                         "false: the query and c texts")
+    index: Whole = Field(-2, description="token whose last hidden state embeds a text: -2 second-to-last, -1 last")
+    position: Literal["text", "window"] = Field("text", description="where `index` counts: text: from the end of each "
+                                               "text's own tokens (+ eos); window: from the end of the context window, "
+                                               "each text right-padded to it with pad = eos (the authors')")
+    steps: Whole | None = Field(1000, gt=0, description="retrieval-model training steps per run and c")
+    epochs: Real | None = Field(None, gt=0, description="instead of steps: passes over the training pairs (the "
+                                "authors': 200 on TinyStories, 50 on FineWeb)")
+    reference: list[RetrievalReference] = Field(default_factory=list)
+
+    @field_validator("candidates")
+    @classmethod
+    def _more_than_one(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(c < 2 for c in v):
+            raise ValueError(f"candidates are counts of texts to choose among, each >= 2 (got {list(v)})")
+        return v
+
+    @field_validator("index")
+    @classmethod
+    def _negative(cls, v: int) -> int:
+        if v >= 0:
+            raise ValueError(f"index counts from the end of each text: -1 (last token) or -2 (second to last), got {v}")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_length(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("epochs") is not None:
+            if data.get("steps") is not None:
+                raise ValueError("give retrieval.steps or retrieval.epochs, not both")
+            data = {**data, "steps": None}
+        return data
+
+    @model_validator(mode="after")
+    def _query_slot(self) -> RetrievalPlan:
+        if self.steps is None and self.epochs is None:
+            raise ValueError("give retrieval.steps (e.g. 1000) or retrieval.epochs")
+        if self.candidates_count_query and min(self.candidates) < 3:
+            raise ValueError("with candidates_count_query, each c holds the query and c-1 texts: c >= 3")
+        return self
+
+    def describe(self) -> str:
+        """The stage in one line (plan and the stage's table print it)."""
+        width = "the embedding width" if self.d_model is None else f"width {self.d_model}"
+        warm = "5% warm-up" if self.warmup_steps is None else f"{self.warmup_steps} warm-up steps"
+        length = f"{self.epochs:g} epochs" if self.epochs is not None else f"{self.steps} steps"
+        return (f"{self.layers} blocks at {width}, input norm {'on' if self.input_norm else 'off'}, final norm "
+                f"{'on' if self.final_norm else 'off'}; AdamW lr {self.lr:g}, weight decay {self.weight_decay:g}, batch "
+                f"{self.batch_size}, {self.schedule} decay after {warm}; {length} per cell; embeddings at token "
+                f"{self.index} of the {self.position}{', standardized' if self.standardize else ''}; c "
+                f"{'counts the query (c-1 texts)' if self.candidates_count_query else 'texts per query'}")
+
+    def settings(self) -> RetrievalSettings:
+        return RetrievalSettings(**{k: getattr(self, k) for k in RetrievalSettings.model_fields})
+
+    def texts_per_query(self, c: int) -> int:
+        """How many candidate texts a cell labelled c scores."""
+        return c - 1 if self.candidates_count_query else c
+
+
+class SweepSpec(Frozen):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    description: str = ""
+    recipe: Literal["modern", "studies"] = "modern"  # defaults of optimisation fields under the sweep's own (RECIPES)
+    dataset: DatasetRef
+    tokenizer: TokenizerRef = TokenizerRef()
+    budget: Budget
+    eval: EvalPlan = EvalPlan()
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    grid: list[dict[str, Any]] = Field(default_factory=lambda: [{}])
+    search: SearchBlock | None = None
+    report: ReportBlock = ReportBlock()
+    reference: list[Reference] = Field(default_factory=list)
+    retrieval: RetrievalPlan | None = None
+    # what overrides changed from the file (apply_overrides), in words: plan and the report print them
+    overrides: tuple[str, ...] = ()
+
+    def fingerprint(self) -> str:
+        data = self.model_dump(mode="json")
+        del data["overrides"]  # a description of the changes, not one: the changed fields are in the spec
+        if data["retrieval"] is None:  # sweeps without a retrieval stage keep their identity
+            del data["retrieval"]
+        else:  # as do those whose stage has the settings every one had before they were fields
+            stage = data["retrieval"]
+            for key, value in {**_RETRIEVAL_LEGACY, "candidates_count_query": False, "position": "text",
+                               "epochs": None}.items():
+                if key in stage and stage[key] == value:
+                    del stage[key]
+        if not data["report"]["orderings"]:  # as do sweeps that check no published ordering
+            del data["report"]["orderings"]
+        if data["recipe"] == "modern":  # and sweeps on the project's own recipe
+            del data["recipe"]
+        return fingerprint(data)
+
+
+
+def reference_for(spec: SweepSpec, trial: TrialConfig) -> Reference | None:
+    """The most specific reference matching a trial (most match keys wins)."""
+    matching = [r for r in spec.reference if r.matches(trial)]
+    return max(matching, key=lambda r: len(r.match)) if matching else None

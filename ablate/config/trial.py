@@ -1,0 +1,242 @@
+"""One trial: every field a run needs, validated and frozen; its fingerprint is the run's identity. Also the
+objectives' options, the optimisation recipes, and the limits that catch typing slips."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, ValidationError, model_validator
+
+from ablate.config import registry
+from ablate.config.data import DatasetRef, TokenizerRef
+from ablate.config.errors import did_you_mean, one_of
+from ablate.config.units import Budget, EvalPlan, Frozen, Horizon, Int32, Real, Whole
+
+OBJECTIVES = ("clm", "bidirectional", "multi_token", "autoencoder", "one_step", "classification")
+# Objectives that rebuild a model from its embedding, block stack and head need those parts exposed
+# (ablate.models: embed / hidden_from_embeds / head / layers); None means every architecture.
+OBJECTIVE_ARCHITECTURES: dict[str, tuple[str, ...] | None] = {
+    "clm": None, "multi_token": None, "classification": None,
+    "bidirectional": ("mixer", "llama"), "autoencoder": ("mixer", "llama"), "one_step": ("mixer", "llama"),
+}
+
+# ---------------------------------------------------------------- trial
+
+
+class MultiTokenOptions(Frozen):
+    n_tokens: Whole = Field(2, ge=2, le=16, description="tokens ahead, one chained pass each")
+    loss: Literal["mean", "sum"] = Field("mean", description="mean: token-weighted mean over all passes (comparable "
+                                         "across n); sum: the study's sum of the passes' mean losses (n times larger)")
+
+
+class OneStepOptions(Frozen):
+    split: Real = Field(0.5, gt=0, lt=1, description="fraction of the window given; the rest is predicted")
+    mask_layer: Whole | None = Field(None, ge=1, description="blocks before the prediction half is masked; default layers // 2")
+
+
+class ClassificationOptions(Frozen):
+    classes: Whole = Field(2, ge=2, le=100_000, description="number of classes; labels are 0 .. classes-1")
+    pooling: Literal["mean", "last"] = Field("mean", description="mean: the average of the per-position class "
+                                             "scores over the document (the MetaFormer study's head); last: the "
+                                             "last token's hidden state (which, causally, has read the whole text)")
+    bias: bool = Field(True, description="a bias in the class projection (the MetaFormer study code's has none)")
+
+
+class NoOptions(Frozen):
+    pass
+
+
+OBJECTIVE_OPTIONS: dict[str, type[Frozen]] = {
+    "clm": NoOptions, "bidirectional": NoOptions, "autoencoder": NoOptions,
+    "multi_token": MultiTokenOptions, "one_step": OneStepOptions, "classification": ClassificationOptions,
+}
+
+
+
+def _betas(value: tuple[float, float]) -> tuple[float, float]:
+    if not all(0 <= b < 1 for b in value):
+        raise ValueError(f"AdamW betas must each be in [0, 1), e.g. [0.9, 0.999] (got {list(value)})")
+    return value
+
+
+# The studies' recipe (HF Trainer defaults in the authors' code, STUDIES.md "Facts from the authors' public code"):
+# fp16 with a loss scaler, AdamW betas (0.9, 0.999), 500 warm-up steps, then linear decay (over the sweep's
+# `horizon` where the study planned one), no torch.compile, and no end-of-text target (the authors tokenised
+# without special tokens and their collator set pad = eos to -100: no document's end was ever scored). "modern" is the project's own: precision by hardware,
+# betas (0.9, 0.95), warm-up 2% of the budget, a schedule ending exactly at the budget, compile on GPU.
+RECIPES: dict[str, dict[str, Any]] = {
+    "modern": {},
+    "studies": {"precision": "fp16", "betas": (0.9, 0.999), "warmup_steps": 500, "schedule": "linear", "compile": False,
+                "eos_is_target": False},
+}
+# one setting each: a sweep that gives one of a pair overrides the recipe's other
+_EXCLUSIVE = {"warmup": "warmup_steps", "warmup_steps": "warmup"}
+
+
+def with_recipe(recipe: str, values: dict[str, Any]) -> dict[str, Any]:
+    """A trial's fields: the recipe's values under the sweep's own (defaults, grid, search)."""
+    base = {k: v for k, v in RECIPES[recipe].items() if not any(_EXCLUSIVE.get(u) == k for u in values)}
+    return {**base, **values}
+
+
+def describe_recipe(trial: TrialConfig) -> str:
+    """The optimisation recipe a trial runs, in one line (plan and report headers print it)."""
+    warm = f"{trial.warmup_steps} warm-up steps" if trial.warmup_steps is not None else f"warm-up {trial.warmup:.0%}"
+    horizon = f"over {trial.horizon.describe()}" if trial.horizon else "ending at the budget"
+    b1, b2 = trial.betas
+    return (f"precision {trial.precision}, AdamW betas ({b1:g}, {b2:g}), weight decay {trial.weight_decay:g}, {warm}, "
+            f"{trial.schedule} schedule {horizon}, compile {'auto' if trial.compile is None else trial.compile}"
+            + ("" if trial.objective == "classification" else  # its target is the class, at the end-of-text position
+               f", end-of-text {'scored' if trial.eos_is_target else 'not scored (input only)'}"))
+
+
+# sizes past these are typing slips (context: 1000000000), refused in `plan` rather than a MemoryError at the first batch
+MAX_CONTEXT = 1 << 20  # tokens per row
+MAX_BATCH = 1 << 16  # rows per micro-batch; also accumulation steps
+MAX_MICRO_BATCH_TOKENS = 1 << 24  # batch_size x context
+
+
+class TrialConfig(Frozen):
+    """Everything one run needs. Its fingerprint is the run's identity."""
+
+    architecture: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    objective: str = "clm"
+    objective_options: dict[str, Any] = Field(default_factory=dict)
+    d_model: Int32 = Field(gt=0)
+    layers: Int32 = Field(gt=0)
+    heads: Int32 | None = Field(None, gt=0)
+    kv_heads: Int32 | None = Field(None, gt=0)
+    context: Int32 = Field(gt=1, le=MAX_CONTEXT)
+    lr: Real = Field(gt=0, le=1)
+    batch_size: Int32 = Field(gt=0, le=MAX_BATCH)
+    grad_accum: Int32 = Field(1, gt=0, le=MAX_BATCH)
+    weight_decay: Real = Field(0.0, ge=0)
+    warmup: Real = Field(0.02, ge=0, lt=1)  # fraction of the schedule (the horizon, else the budget)
+    warmup_steps: Int32 | None = Field(None, ge=0)  # warm-up in optimizer steps; when set, `warmup` is unused
+    schedule: Literal["linear", "cosine", "wsd", "constant"] = "linear"
+    horizon: Horizon | None = None  # the schedule's length; None: it ends at the budget
+    betas: Annotated[tuple[Real, Real], AfterValidator(_betas)] = (0.9, 0.95)  # AdamW
+    # auto: the hardware profile's (v100: fp16 with a scaler), else bf16 where the GPU has it, fp16 on other GPUs,
+    # fp32 on CPU; what ran is recorded on the run row (runs.precision)
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    compile: bool | None = None  # None: on for GPU, off on CPU
+    seed: Int32 = Field(0, ge=0)
+    mode: Literal["train", "memory_probe"] = "train"
+    on_oom: Literal["record", "shrink"] = "record"
+    # whether the end-of-text token each document gets (pad packing: after the text; concat: between documents) is a
+    # target of the loss; false keeps it as input only, as the studies' collator did (pad = eos labelled -100)
+    eos_is_target: bool = True
+    dataset: DatasetRef
+    tokenizer: TokenizerRef = TokenizerRef()
+    budget: Budget
+    eval: EvalPlan = EvalPlan()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrialConfig:
+        if self.architecture not in registry.families():
+            raise ValueError(registry.unknown_architecture(self.architecture))
+        if self.objective not in OBJECTIVES:
+            raise ValueError(
+                f"unknown objective {self.objective!r}{did_you_mean(self.objective, OBJECTIVES)}; known: {one_of(OBJECTIVES)}"
+            )
+        allowed = OBJECTIVE_ARCHITECTURES[self.objective]
+        if allowed is not None and self.architecture not in allowed:
+            raise ValueError(f"objective {self.objective!r} is built for architectures {one_of(allowed)}, "
+                             f"not {self.architecture!r}; use one of those or objective: clm")
+        if self.batch_size * self.context > MAX_MICRO_BATCH_TOKENS:
+            raise ValueError(f"batch_size x context = {self.batch_size} x {self.context} = "
+                             f"{self.batch_size * self.context:,} tokens per micro-batch is over the limit of "
+                             f"{MAX_MICRO_BATCH_TOKENS:,}: lower batch_size (grad_accum keeps the global batch) or context")
+        settings = self.objective_settings()
+        if self.objective == "classification" and self.dataset.label_field is None:
+            raise ValueError("objective 'classification' needs labelled documents: set dataset.label_field (the "
+                             "column of integer class labels, e.g. label_field: label for the hub's imdb)")
+        if self.objective == "one_step":
+            mask_layer = settings.mask_layer
+            if mask_layer is not None and mask_layer >= self.layers:
+                raise ValueError(f"objective_options.mask_layer={mask_layer} must be below layers={self.layers}")
+            if self.layers < 2:
+                raise ValueError("objective 'one_step' masks the prediction half between blocks: needs layers >= 2")
+        if self.heads is not None and self.d_model % self.heads:
+            divisors = [h for h in (1, 2, 4, 8, 16, 32, 64) if self.d_model % h == 0]
+            raise ValueError(
+                f"heads={self.heads} does not divide d_model={self.d_model}; choose heads from {divisors} or change d_model"
+            )
+        if self.kv_heads is not None:
+            if self.heads is None or self.heads % self.kv_heads:
+                raise ValueError(f"kv_heads={self.kv_heads} must divide heads={self.heads}")
+        options_cls = registry.options_model(self.architecture)
+        try:
+            opts = options_cls(**self.options)
+        except ValidationError as exc:
+            names = list(options_cls.model_fields)
+            msgs = []
+            for err in exc.errors():
+                key = ".".join(str(p) for p in err["loc"])
+                if err["type"] == "extra_forbidden":
+                    msgs.append(f"unknown {self.architecture} option '{key}'{did_you_mean(key, names)}; options: {one_of(names)}")
+                else:
+                    msgs.append(f"option {key}: {err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})")
+            raise ValueError("; ".join(msgs)) from None
+        if hasattr(opts, "check_trial"):
+            opts.check_trial(self)
+        return self
+
+    def objective_settings(self) -> Any:
+        """The objective's options with their defaults (validated)."""
+        cls = OBJECTIVE_OPTIONS[self.objective]
+        try:
+            return cls(**self.objective_options)
+        except ValidationError as exc:
+            msgs = []
+            for err in exc.errors():
+                key = ".".join(str(p) for p in err["loc"])
+                if err["type"] == "extra_forbidden":
+                    names = list(cls.model_fields)
+                    msgs.append(f"objective_options.{key}: objective {self.objective!r} has no option {key!r}"
+                                f"{did_you_mean(key, names)}; options: {one_of(names) if names else 'none'}")
+                else:
+                    msgs.append(f"objective_options.{key}: {err['msg']} (got {err.get('input')!r})")
+            raise ValueError("; ".join(msgs)) from None
+
+    def fingerprint(self) -> str:
+        return trial_fingerprint(self.model_dump(mode="json"))
+
+    def axes(self) -> dict[str, Any]:
+        """The values that vary across the studies' tables, flattened (options as options.key)."""
+        out = {k: getattr(self, k) for k in AXIS_FIELDS}
+        out.update({f"options.{k}": v for k, v in sorted(self.effective_options().items())})
+        out.update({f"objective_options.{k}": v for k, v in sorted(self.objective_options.items())})
+        return out
+
+    def effective_options(self) -> dict[str, Any]:
+        """The family's option defaults overlaid with this trial's options (the fingerprint keeps only the latter)."""
+        return registry.options_model(self.architecture)(**self.options).model_dump(mode="json")
+
+
+AXIS_FIELDS = ("architecture", "objective", "d_model", "layers", "heads", "context", "lr", "batch_size", "seed")
+SWEEP_LEVEL_FIELDS = ("dataset", "tokenizer", "budget", "eval")
+GRID_FIELDS = tuple(f for f in TrialConfig.model_fields if f not in SWEEP_LEVEL_FIELDS)
+
+
+# fields added after runs were recorded, at the value every earlier trial had: left out of the fingerprint there,
+# so that those trials keep their identity
+_LEGACY_DEFAULTS: dict[str, Any] = {"objective_options": {}, "betas": [0.9, 0.95], "warmup_steps": None, "horizon": None,
+                                    "eos_is_target": True}
+
+
+def trial_fingerprint(config: dict[str, Any]) -> str:
+    """A trial's identity from its JSON dump (`model_dump(mode="json")`), for callers that already hold it."""
+    config = {k: v for k, v in config.items() if k not in _LEGACY_DEFAULTS or v != _LEGACY_DEFAULTS[k]}
+    return fingerprint(config)
+
+
+def fingerprint(data: Any) -> str:
+    """Stable hash of JSON-able data: independent of key order, YAML formatting and process."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+

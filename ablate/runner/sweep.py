@@ -1,0 +1,185 @@
+"""A sweep as a whole: registering it (its token caches built first), finding it by name, and the rows and
+counts that a status table shows."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from ablate import store
+from ablate.config.errors import AblateError
+from ablate.config import TrialConfig, load_trials
+
+# ---------------------------------------------------------------- registering a sweep and preparing its data
+
+
+def register(spec_path: str | Path, db_url: str | None = None, max_trials: int = 10_000,
+             say: Callable[[str], None] | None = None, overrides: dict[str, Any] | None = None, merge: bool = False,
+             artifacts: Path | None = None) -> tuple[Any, int, list[int]]:
+    """Validate and register a sweep: (spec, sweep id, run ids in trial order). Invalid specs write nothing;
+    with `artifacts`, neither does a sweep whose data cannot be prepared (`prepare_data` runs first).
+
+    `overrides`: see `spec.apply_overrides`. Runs that an edit of the spec removed and that hold no result
+    (pending, failed, cancelled, preempted) are dropped, so the sweep owes only its current trials; a spec
+    that would leave results of other trials under its name is refused unless `merge` (store.register_sweep).
+    """
+    spec, trials = load_trials(spec_path, max_trials=max_trials, overrides=overrides)
+    for note in spec.overrides if say is not None else ():
+        say(f"sweep {spec.name}: {note}")
+    engine = store.connect(db_url)
+    if artifacts is not None:
+        prepare_data(trials, artifacts, say=say)
+    sweep_id, ids = store.register_sweep(engine, spec, trials, spec_path=str(spec_path), merge=merge)
+    if spec.search is None:
+        dropped = store.drop_stale_runs(engine, sweep_id, set(ids))
+        if dropped and say is not None:
+            say(f"sweep {spec.name}: dropped {dropped} unfinished run(s) whose trial is no longer in {spec_path}")
+    return spec, sweep_id, ids
+
+
+def distinct_data(trials: list[TrialConfig]) -> list[TrialConfig]:
+    """One trial per (dataset, tokenizer, context) that the trials train on (memory probes read no data)."""
+    seen: dict[str, TrialConfig] = {}
+    for t in trials:
+        if t.mode != "memory_probe":
+            key = json.dumps([t.dataset.model_dump(mode="json"), t.tokenizer.model_dump(mode="json"), t.context],
+                             sort_keys=True)
+            seen.setdefault(key, t)
+    return list(seen.values())
+
+
+def check_sources(trials: list[TrialConfig]) -> None:
+    """Each hub dataset of the trials resolves here (cheap: metadata only); `ablate plan` runs this."""
+    hub = {t.dataset.model_dump_json(): t.dataset for t in distinct_data(trials) if t.dataset.from_hub}
+    if hub:
+        from ablate import data  # torch comes with it: only when there is a hub dataset to check
+
+        for source in hub.values():
+            data.check_source(source)
+
+
+def prepare_data(trials: list[TrialConfig], artifacts: Path, say: Callable[[str], None] | None = None,
+                 progress: bool = True) -> None:
+    """Build the sweep's token caches (download, tokenizer, packing) once, before any trial is dispatched: a
+    dataset that cannot load, a vocabulary the corpus cannot support or a missing file fails here with one
+    message, instead of in every trial. Trials then read the caches (on a cluster, from the shared artifacts).
+    Caches that are built and intact are checked without importing torch (ablate/tokencache.py)."""
+    from ablate import tokencache
+
+    todo = distinct_data(trials)
+    for k, t in enumerate(todo, 1):
+        built = tokencache.cache_intact(tokencache.cache_folder(artifacts, t.dataset, t.tokenizer, t.context))
+        if say is not None:
+            say(f"data {k}/{len(todo)}: {t.dataset.source} ({t.tokenizer.name or f'BPE {t.tokenizer.vocab_size}'}, "
+                f"context {t.context}){' cached' if built else ''}")
+        if built:
+            continue
+        from ablate import data
+
+        before = _cache_entries(artifacts)
+        try:
+            data.prepare(t.dataset, t.tokenizer, t.context, artifacts, progress=progress)
+        except AblateError:
+            _remove_new_entries(artifacts, before)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a file that does not parse, memory, a full disk: one message
+            _remove_new_entries(artifacts, before)
+            raise AblateError(f"dataset.source {t.dataset.source}: the token cache could not be built: "
+                              f"{_root_cause(exc)}. Nothing was registered or kept (the cache is written to a "
+                              "temporary folder first); fix the data and run again") from None
+
+
+CACHE_FOLDERS = ("tokenizers", "tokens")
+
+
+def _cache_entries(artifacts: Path) -> set[Path]:
+    return {p for name in CACHE_FOLDERS for p in [artifacts / name, *(artifacts / name).glob("*")] if p.exists()}
+
+
+def _remove_new_entries(artifacts: Path, before: set[Path]) -> None:
+    """After a failed build: the lock files and empty folders it made (its data went to temporary folders, already
+    removed). Anything with content, or that existed before, stays."""
+    for path in sorted(_cache_entries(artifacts) - before, key=lambda p: len(p.parts), reverse=True):
+        try:
+            if path.is_dir():
+                path.rmdir()  # only when empty
+            elif path.suffix == ".lock" and path.stat().st_size == 0:
+                path.unlink()
+        except OSError:
+            pass
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost cause's type and first line (datasets wraps a parse error in DatasetGenerationError)."""
+    while exc.__cause__ is not None or (exc.__context__ is not None and not exc.__suppress_context__):
+        exc = exc.__cause__ or exc.__context__
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+
+
+# ---------------------------------------------------------------- a sweep's runs and status
+
+
+def sweep_id(engine: sa.Engine, name: str) -> int:
+    """The id of the sweep named `name`, or an error that lists the known names."""
+    with engine.connect() as conn:
+        found = conn.execute(sa.select(store.Sweep.id).where(store.Sweep.name == name)).scalar()
+        if found is None:
+            known = conn.execute(sa.select(store.Sweep.name)).scalars().all()
+            from ablate.config.errors import did_you_mean
+
+            raise AblateError(f"no sweep named {name!r} in the results DB{did_you_mean(name, known)}; "
+                              f"known: {', '.join(known) or 'none yet'}")
+    return found
+
+
+def sweep_runs(engine: sa.Engine, name: str) -> list[store.Run]:
+    """Every run of the sweep as full rows (config, versions ...), in trial order."""
+    sid = sweep_id(engine, name)
+    with store.session_factory(engine)() as session:
+        return list(session.scalars(sa.select(store.Run).where(store.Run.sweep_id == sid).order_by(store.Run.trial_index)))
+
+
+# what a status table shows: run-row columns only (the latest points are kept there), never the metrics table
+STATUS_COLUMNS = ("id", "trial_index", "architecture", "options", "d_model", "layers", "heads", "lr", "batch_size",
+                  "status", "budget_kind", "budget_amount", "train_seconds", "steps", "final_train_loss",
+                  "final_eval_loss", "last_step", "last_elapsed_seconds", "last_train_loss", "last_eval_loss",
+                  "finished_at", "error", "heartbeat_at", "claimed_by", "pid")
+
+
+def status_rows(engine: sa.Engine, name: str) -> list[sa.Row]:
+    """The sweep's runs for a status table, in trial order: one query over run-row columns."""
+    sid = sweep_id(engine, name)
+    with engine.connect() as conn:
+        return list(conn.execute(sa.select(*(getattr(store.Run, c) for c in STATUS_COLUMNS))
+                                 .where(store.Run.sweep_id == sid).order_by(store.Run.trial_index)))
+
+
+def status_view(engine: sa.Engine, name: str, limit: int) -> tuple[list[sa.Row], dict[str, int]]:
+    """What a status table of at most `limit` rows needs, without reading every run of a big sweep: the sweep's
+    counts by status, and, in trial order, the first `limit` unfinished runs that are not waiting, the latest
+    `limit` finished ones and the next `limit` waiting ones (cli.shown_runs picks from these)."""
+    counts = status_counts(engine, name)
+    if sum(counts.values()) <= limit:
+        return status_rows(engine, name), counts
+    sid = sweep_id(engine, name)
+    base = sa.select(*(getattr(store.Run, c) for c in STATUS_COLUMNS)).where(store.Run.sweep_id == sid)
+    finished = store.Run.status.in_(store.FINISHED)
+    parts = (base.where(store.Run.status != "pending", ~finished).order_by(store.Run.trial_index),
+             base.where(finished).order_by(store.Run.finished_at.is_(None), store.Run.finished_at.desc(), store.Run.id.desc()),
+             base.where(store.Run.status == "pending").order_by(store.Run.trial_index))
+    with engine.connect() as conn:
+        rows = {r.id: r for part in parts for r in conn.execute(part.limit(limit))}
+    return sorted(rows.values(), key=lambda r: r.trial_index), counts
+
+
+def status_counts(engine: sa.Engine, name: str) -> dict[str, int]:
+    """How many of the sweep's runs are in each status."""
+    sid = sweep_id(engine, name)
+    with engine.connect() as conn:
+        return dict(conn.execute(sa.select(store.Run.status, sa.func.count()).where(store.Run.sweep_id == sid)
+                                 .group_by(store.Run.status).order_by(store.Run.status)).all())

@@ -1,0 +1,295 @@
+"""A warm trainer: one helper process per runner imports torch and the trainer once, then forks a child per trial.
+
+A cold `python -m ablate.train` spends about 3.5 CPU-s importing before it builds anything: torch, and
+torch._dynamo with sympy, which torch.optim itself imports under torch 2.13 (the optimizer's methods are
+wrapped to disable dynamo). Searches and smoke sweeps run many short trials, so the runner hands each
+single-process trial to this helper instead: the forked child starts with every import done and runs
+`ablate.train.main` with the trial's arguments, environment, working directory and log file, in its own
+session like a cold trainer, so signals, cancellation and outcome classification work unchanged.
+
+The helper never runs a tensor operation (no thread pool is started before a fork) and never touches
+CUDA. It is used only where no GPU is visible: CUDA after fork is not tested (no GPU where this was
+written), and trainers on GPU hosts stay cold processes, as do torchrun trials. ABLATE_WARM_TRAINER=0
+turns it off everywhere. Protocol: JSON lines, requests on the helper's stdin, replies and exits on its
+stdout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ablate.runner import host
+
+READY_SECONDS = 300.0  # a loaded host may take a while to import torch; past this the runner goes cold
+ANSWER_SECONDS = 60.0  # a fork is quick: a helper silent this long after a request is stopped, the trial goes cold
+
+
+# ---------------------------------------------------------------- the helper process
+
+
+def _preload() -> None:
+    """Everything a trainer imports before its first step (measured with -X importtime on a tiny trial)."""
+    import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401  - what torch.optim imports on first use
+    import torch.optim  # noqa: F401
+
+    # transformers' Llama and GPT classes: their families import them inside build(), so every warm trainer of
+    # those families paid for them again (4.6 CPU-s measured on a loaded 2-core host) until the helper held them
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM, OpenAIGPTLMHeadModel  # noqa: F401
+
+    from ablate import models, objectives, store, train  # noqa: F401
+
+    for name in models.families():  # each family's torch module, imported lazily by a trainer
+        models.family(name)
+    for name in objectives.MODULES:
+        objectives._module(name)
+
+
+def _child(request: dict[str, Any], protocol_fd: int) -> None:
+    """In the forked child: become a cold trainer's equal (own session, log, env, cwd), run it, exit."""
+    code = 1
+    try:
+        os.close(protocol_fd)
+        os.setsid()  # its own process group: the runner's SIGTERM/SIGKILL to -pid reach it and only it
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - line-buffered, like PYTHONUNBUFFERED
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        from ablate import store, train
+
+        store.read_timing_env()  # heartbeat/stale settings are read at import; this trial's env may differ
+        sys.argv = ["python -m ablate.train", *request["argv"]]
+        code = train.main(request["argv"])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - whatever happens, the child must not return into the helper's loop
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code & 0xFF)
+
+
+def serve() -> int:
+    """The helper's loop: preload, say ready, then fork on each request and report each child's exit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle (it stops the trainers)
+    protocol = os.dup(1)
+    os.dup2(2, 1)  # anything an import prints goes to stderr, never into the protocol
+    _preload()
+    out = os.fdopen(protocol, "w", buffering=1)
+
+    def say(message: dict[str, Any]) -> None:
+        out.write(json.dumps(message) + "\n")
+
+    tasks = Path("/proc/self/task")  # every thread, native ones too: a fork is safe only from a single thread
+    say({"ready": os.getpid(), "threads": len(os.listdir(tasks)) if tasks.exists() else threading.active_count()})
+    pending = b""
+    alive: set[int] = set()
+    while True:
+        readable, _, _ = select.select([0], [], [], 0.1)
+        if readable:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:
+                return 0  # the runner is gone; running children notice it themselves (ABLATE_RUNNER_PID)
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
+                try:
+                    pid = os.fork()
+                except OSError as exc:
+                    say({"id": request["id"], "error": f"fork failed: {exc}"})
+                    continue
+                if pid == 0:
+                    _child(request, protocol)
+                alive.add(pid)
+                say({"id": request["id"], "pid": pid})
+        for pid in list(alive):
+            done, status, usage = os.wait4(pid, os.WNOHANG)
+            if done:
+                alive.discard(pid)
+                say({"exit": pid, "code": os.waitstatus_to_exitcode(status),
+                     "cpu": round(usage.ru_utime + usage.ru_stime, 3)})
+
+
+# ---------------------------------------------------------------- the runner's side
+
+
+class Child:
+    """A trainer forked by the helper, with the part of `subprocess.Popen` the runner uses."""
+
+    def __init__(self, helper: WarmTrainer, pid: int) -> None:
+        self.helper, self.pid = helper, pid
+        self.returncode: int | None = None
+        self.cpu_seconds: float | None = None  # the child's own CPU time, from the helper's wait4
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode, self.cpu_seconds = self.helper.exit_of(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"warm trainer {self.pid}", timeout)
+            self.helper.wait_for_news(0.5 if left is None else min(left, 0.5))
+        return self.returncode
+
+
+class WarmTrainer:
+    """The runner's handle on its helper process (one per runner process, shared by its threads)."""
+
+    def __init__(self, log: Path | None = None) -> None:
+        # numpy's OpenBLAS starts its thread pool at import; one thread keeps the helper single-threaded when it
+        # forks (the trainers compute with torch, whose pools start in the child; numpy only indexes data)
+        env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1"}
+        err = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the helper keeps it
+        self.proc = subprocess.Popen([sys.executable, "-m", "ablate.runner.warm"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
+        if log:
+            err.close()
+        self._ids = itertools.count(1)
+        self._news = threading.Condition()
+        self._replies: dict[int, dict[str, Any]] = {}
+        self._exits: dict[int, tuple[int, float]] = {}
+        self.ready: dict[str, Any] | None = None
+        self.dead = False
+        self._reader = threading.Thread(target=self._read, name="ablate-warm-trainer", daemon=True)
+        self._reader.start()
+        with self._news:
+            self._news.wait_for(lambda: self.ready is not None or self.dead, timeout=READY_SECONDS)
+        if self.ready is None:
+            self.close()
+            raise RuntimeError("the warm trainer did not start" + (f" (see {log})" if log else ""))
+
+    def _read(self) -> None:
+        try:
+            for line in self.proc.stdout:
+                message = json.loads(line)
+                with self._news:
+                    if "ready" in message:
+                        self.ready = message
+                    elif "exit" in message:
+                        self._exits[message["exit"]] = (message["code"], message["cpu"])
+                    else:
+                        self._replies[message["id"]] = message
+                    self._news.notify_all()
+        finally:  # the helper exited, or said something unreadable: its children are then watched by pid
+            with self._news:
+                self.dead = True
+                self._news.notify_all()
+
+    def spawn(self, argv: list[str], env: dict[str, str], log: Path) -> Child:
+        """Fork a trainer running `python -m ablate.train *argv` with this environment, output appended to `log`."""
+        request_id = next(self._ids)
+        request = {"id": request_id, "argv": argv, "env": env, "cwd": os.getcwd(), "log": str(log)}
+        with self._news:
+            if self.dead:
+                raise RuntimeError("the warm trainer has exited")
+            try:
+                self.proc.stdin.write((json.dumps(request) + "\n").encode())
+                self.proc.stdin.flush()
+            except OSError as exc:  # it died since (a broken pipe)
+                raise RuntimeError(f"the warm trainer has exited ({exc})") from exc
+            self._news.wait_for(lambda: request_id in self._replies or self.dead, timeout=ANSWER_SECONDS)
+            reply = self._replies.pop(request_id, None)
+        if reply is None and not self.dead:
+            # a helper that may still fork this trial later must not: the runner starts it cold instead
+            self.proc.kill()
+            raise RuntimeError(f"the warm trainer did not answer in {ANSWER_SECONDS:.0f} s; stopped it")
+        if reply is None or "pid" not in reply:
+            raise RuntimeError((reply or {}).get("error", "the warm trainer has exited"))
+        return Child(self, reply["pid"])
+
+    def exit_of(self, pid: int) -> tuple[int | None, float | None]:
+        """(exit code, CPU seconds) of a finished child; (None, None) while it runs. If the helper died, its
+        children were handed to init: one still alive is waited for, one gone counts as killed (resumable)."""
+        with self._news:
+            if pid in self._exits:
+                return self._exits.pop(pid)
+            if not self.dead:
+                return None, None
+        return (None, None) if host.pid_alive(pid) else (-signal.SIGKILL, None)
+
+    def wait_for_news(self, timeout: float) -> None:
+        with self._news:
+            self._news.wait(timeout)
+
+    def close(self, grace: float = 10.0) -> None:
+        """End the helper: its stdin closed, it exits; killed after `grace` seconds, and reaped either way."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()  # reaped: no zombie left, and its CPU lands in this process's RUSAGE_CHILDREN
+
+
+_HELPER: WarmTrainer | None = None
+_HELPER_LOCK = threading.Lock()
+_FAILED = False
+_GPUS: int | None = None
+
+
+def enabled() -> bool:
+    """Whether this host forks trainers from a warm helper (Linux, no visible GPU, not ABLATE_WARM_TRAINER=0)."""
+    if os.environ.get("ABLATE_WARM_TRAINER", "").strip() == "0" or _FAILED:
+        return False
+    if not sys.platform.startswith("linux"):  # fork after importing torch is unsafe on macOS
+        return False
+    global _GPUS
+    if _GPUS is None:
+        _GPUS = host.visible_gpus()  # nvidia-smi once per process
+    return _GPUS == 0
+
+
+def helper(log: Path | None = None) -> WarmTrainer | None:
+    """This process's helper, started on first use; None (the runner goes cold) if it cannot start."""
+    global _HELPER, _FAILED
+    with _HELPER_LOCK:
+        if _HELPER is not None and not _HELPER.dead:
+            return _HELPER
+        try:
+            _HELPER = WarmTrainer(log)
+        except (OSError, RuntimeError) as exc:
+            _FAILED = True
+            print(f"warning: trainers start cold ({exc})", file=sys.stderr)
+            return None
+        import atexit
+
+        atexit.register(_HELPER.close)
+        return _HELPER
+
+
+if __name__ == "__main__":
+    sys.exit(serve())

@@ -1,0 +1,87 @@
+"""The results database: SQLAlchemy models, engine from URL, migrations, and the few writes the chain needs.
+
+SQLite file by default (`results/ablate.db`, WAL, busy timeout); any SQLAlchemy URL through
+`ABLATE_DB_URL` or `--db`. The schema is owned by Alembic (`migrations/`); `connect`
+brings a database to the current revision under a lock, so concurrent processes may all call it.
+Torch-free: of ablate it imports only `ablate.config` (errors; the trial fingerprint, when registering).
+
+- `schema.py`: the tables (Sweep, Run, Metric, Meta) and the run statuses.
+- `engine.py`: URLs, engines, sessions, the database's identity, errors in a user's words.
+- `migrate.py`: schema revisions and upgrades; `connect` (migrates) and `reader` (never writes).
+- `register.py`: a sweep and its pending runs, with the code and library versions they ran.
+- `claims.py`: runs while they train: claims, heartbeats, liveness, updates, metric points.
+- `readlogin.py`: the read-only PostgreSQL login that `ablate sql` uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ablate.store import claims as _claims
+from ablate.store.claims import (
+    claim_run,
+    get_run,
+    heartbeat,
+    is_live,
+    new_claimant,
+    pid_alive,
+    read_timing_env,
+    stale_before,
+    trainer_running,
+    update_run,
+    write_metrics,
+)
+from ablate.store.engine import (
+    DEFAULT_URL,
+    database_id,
+    describe_url,
+    explain,
+    make_engine,
+    redact,
+    resolve_url,
+    session_factory,
+)
+from ablate.store.migrate import (
+    OWN_TABLES,
+    READER_ROLE,
+    SCHEMA_HEAD,
+    VERSION_TABLE,
+    close_engines,
+    connect,
+    current_revision,
+    grant_reader,
+    head_revision,
+    reader,
+    stored_revision,
+    upgrade_schema,
+)
+from ablate.store.register import (
+    CELL_COLUMNS,
+    analyze,
+    code_version,
+    copy_rows,
+    drop_stale_runs,
+    library_versions,
+    register_sweep,
+    run_row,
+)
+from ablate.store.schema import FINISHED, OWED_UNSTARTED, RUN_STATUSES, Base, Meta, Metric, Run, Sweep, utcnow
+
+_TIMINGS = ("HEARTBEAT_SECONDS", "STALE_SECONDS")  # read_timing_env rebinds them in claims: read there, never copied
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TIMINGS:
+        return getattr(_claims, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "CELL_COLUMNS", "DEFAULT_URL", "FINISHED", "HEARTBEAT_SECONDS", "OWED_UNSTARTED", "OWN_TABLES", "READER_ROLE",
+    "RUN_STATUSES", "SCHEMA_HEAD", "STALE_SECONDS", "VERSION_TABLE", "Base", "Meta", "Metric", "Run", "Sweep",
+    "analyze", "claim_run", "close_engines", "code_version", "connect", "copy_rows", "current_revision",
+    "database_id", "describe_url", "drop_stale_runs", "explain", "get_run", "grant_reader", "head_revision", "heartbeat", "is_live",
+    "library_versions", "make_engine", "new_claimant", "pid_alive", "read_timing_env", "reader", "redact",
+    "register_sweep", "resolve_url", "run_row", "session_factory", "stale_before", "stored_revision",
+    "trainer_running", "update_run", "upgrade_schema", "utcnow", "write_metrics",
+]
