@@ -40,7 +40,7 @@ def trial_for(arch: str, budget: dict, d_model: int, context: int, batch: int, p
 def bare_loop(trial: TrialConfig, root: Path, steps: int, device: torch.device) -> float:
     """The trainer's model, batches, optimizer, precision and compile setting on its device, with no clock, no
     logging and no budget checks: tokens/s over `steps` after the same two untimed warm-up steps."""
-    from ablate.train import _autocast, make_optimizer
+    from ablate.train import autocast as _autocast, make_optimizer
 
     prepared = prepare(trial.dataset, trial.tokenizer, trial.context, root, progress=False)
     torch.manual_seed(trial.seed)

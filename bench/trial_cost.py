@@ -5,7 +5,7 @@
 Registers the smoke sweep (tiny mixer and Llama, the embedded TinyStories) with a step budget of
 `--steps` and seeds enough for `--trials` runs, then runs every trial through `runner.run_trial` one
 after another, once with ABLATE_WARM_TRAINER=0 (a fresh `python -m ablate.train` per trial) and once
-with the warm helper (ablate/warm.py). CPU seconds are user + system, so load on the machine matters
+with the warm helper (ablate/runner/warm.py). CPU seconds are user + system, so load on the machine matters
 little: each trainer's own (its rusage when reaped), the runner's own per trial (claim, row updates,
 classification), and the helper's one-off start. Non-training work is a trainer's CPU less its timed
 training and eval seconds (one thread, so seconds of CPU). A script, not a test.

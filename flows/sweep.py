@@ -44,7 +44,7 @@ def trial(run_id: int, db_url: str | None = None, artifacts: str = "results/arti
     """Claim one run and train it (resuming from its checkpoint); its status. A run another process holds,
     finished or that a user cancelled is left alone. (`retry_failed` is kept for older deployments: the sweep
     flow makes cancelled runs it retries pending before dispatching them.) `warm`: fork the trainer from this
-    process's warm helper (ablate/warm.py), which the sweep flow's local trials share; a deployment's trial
+    process's warm helper (ablate/runner/warm.py), which the sweep flow's local trials share; a deployment's trial
     runs alone in its flow-run process, where a helper would cost more than it saves, so it starts cold."""
     opts = runner.RunOptions(db_url=db_url, artifacts=Path(artifacts), checkpoint_every=checkpoint_every,
                              memory_cap_mb=memory_cap_mb, gpu_ids=tuple(gpu_ids) if gpu_ids is not None else None,
@@ -142,7 +142,7 @@ def _run_here(parsed: Any, todo: list[int], kwargs: dict, gpu_slots: int, thread
     gpus_per_trial = parsed.budget.gpus
     slots = max(1, gpu_slots // gpus_per_trial)
     kwargs = {**kwargs, "threads": threads or runner.default_threads(min(slots, max(1, len(todo))), gpus_per_trial),
-              "warm": len(todo) > 1}  # one helper for all of them (ablate/warm.py); a single trial starts cold
+              "warm": len(todo) > 1}  # one helper for all of them (ablate/runner/warm.py); a single trial starts cold
     results: dict[int, str] = {}
 
     def one(rid: int, gpu_ids: list[int] | None) -> None:

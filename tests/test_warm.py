@@ -1,4 +1,4 @@
-"""The warm trainer (ablate/warm.py): trials forked from a helper that imported torch once train exactly what a
+"""The warm trainer (ablate/runner/warm.py): trials forked from a helper that imported torch once train exactly what a
 cold `python -m ablate.train` trains, stop on the same signals, and survive the helper's death."""
 
 from __future__ import annotations

@@ -1,0 +1,104 @@
+"""The trainer's command line: `python -m ablate.train --run-id N --db URL` claims the run, trains its trial and
+records it (this is also what torchrun launches, one process per GPU)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ablate import store
+from ablate.config import TrialConfig
+from ablate.config.errors import AblateError
+from ablate.runstate import Dist, Settings
+from ablate.train.loop import train
+
+
+def _init_dist() -> Dist:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    # the loop's per-step decisions go over gloo as host values, beside NCCL's device tensors (on CPU too: one path)
+    return Dist(rank=rank, world=world, local_rank=local, control=dist.new_group(backend="gloo"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ablate.train", description="train one run to its budget and record it")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run-id", type=int, help="train this run of the results DB")
+    src.add_argument("--config", help="a trial config as JSON (or @file.json); nothing is recorded without --run-id")
+    p.add_argument("--db", default=None, help="results database URL (default: $ABLATE_DB_URL or results/ablate.db)")
+    p.add_argument("--artifacts", default=os.environ.get("ABLATE_ARTIFACTS", "results/artifacts"))
+    p.add_argument("--checkpoint-every", type=float, default=None,
+                   help="seconds between checkpoints (default: a tenth of the run's expected length, 30 s to 10 min)")
+    p.add_argument("--memory-cap-mb", type=float, default=None, help="treat peak memory above this as OOM")
+    p.add_argument("--no-resume", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--device", default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: every core)")
+    args = p.parse_args(argv)
+    dist_ = _init_dist()
+    engine = claimant = None
+    try:
+        db_id = None
+        if args.run_id is not None:
+            engine = store.connect(args.db)
+            run = store.get_run(engine, args.run_id)
+            trial = TrialConfig.model_validate(run.config)
+            db_id = store.database_id(engine)
+            claimant = _claim(engine, run, dist_)
+        else:
+            text = Path(args.config[1:]).read_text() if args.config.startswith("@") else args.config
+            trial = TrialConfig.model_validate(json.loads(text))
+        settings = Settings(artifacts=Path(args.artifacts).resolve(), db_url=args.db, run_id=args.run_id,
+                            checkpoint_every=args.checkpoint_every, memory_cap_mb=args.memory_cap_mb,
+                            resume=not args.no_resume, progress=not args.quiet, device=args.device,
+                            threads=args.threads, claimant=claimant, db_id=db_id)
+        outcome = train(trial, settings, dist_)
+        if dist_.world > 1:  # no rank tears gloo/NCCL down while another still writes its end (SIGABRT at exit)
+            dist.barrier()
+        if dist_.is_main:
+            print(json.dumps({k: v for k, v in outcome.items() if k not in ("notes", "finished_at")}, default=str))
+        return 0 if outcome["status"] in ("completed", "oom", "diverged") else 3
+    except Exception as exc:  # recorded on the run row (under our claim), so no run stays `running`
+        message = str(exc) if isinstance(exc, AblateError) else "".join(traceback.format_exception(exc))[-4000:]
+        if engine is not None and claimant is not None and dist_.is_main:
+            try:
+                store.update_run(engine, args.run_id, claimant=claimant, status="failed", error=store.redact(message),
+                              pid=None, finished_at=store.utcnow())
+            except Exception:  # noqa: BLE001 - the database itself may be the problem (full disk)
+                pass
+        print(f"error: {store.redact(message)}", file=sys.stderr)
+        return 2 if isinstance(exc, AblateError) else 1
+    finally:
+        if dist_.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _claim(engine: Any, run: store.Run, dist_: Dist) -> str | None:
+    """The claim this trainer runs under: the runner's (ABLATE_CLAIMANT), checked, or, started by hand, its own."""
+    claimant = os.environ.get("ABLATE_CLAIMANT")
+    if claimant is not None:
+        if run.claimed_by != claimant:
+            raise AblateError(f"run {run.id} is claimed by {run.claimed_by}, not by the runner that started this trainer "
+                              f"({claimant}); it is trained elsewhere")
+        return claimant
+    if not dist_.is_main:
+        return None
+    claimant = store.new_claimant()
+    takeable = [s for s in store.RUN_STATUSES if s != "running"]  # by hand: any run nobody is training now
+    if not store.claim_run(engine, run.id, claimant, statuses=takeable):
+        raise AblateError(f"run {run.id} is being trained by {run.claimed_by} (heartbeat {run.heartbeat_at} UTC); wait "
+                          f"for it, or for its heartbeat to be {store.STALE_SECONDS:.0f} s old if that process died")
+    return claimant
+

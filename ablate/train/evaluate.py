@@ -1,0 +1,43 @@
+"""The eval pass: the token-weighted loss over the eval split (sharded across ranks), and accuracy for classification."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ablate.config import TrialConfig
+from ablate.runstate import Dist
+from ablate.train.device import _to_device, autocast
+
+
+
+@torch.no_grad()
+def evaluate(objective: torch.nn.Module, rows: Any, trial: TrialConfig, device: torch.device, dist_: Dist,
+             max_batches: int | None, precision: str) -> tuple[float, float | None]:
+    """Token-weighted mean loss over the eval split (sharded across ranks), in nats, of the (wrapped) Objective
+    in eval mode (every model's eval-mode forward is causal: tests/test_causality.py), and for classification
+    the fraction of rows classified right (else None)."""
+    objective.eval()
+    total = torch.zeros(3, device=device, dtype=torch.float64)
+    n = len(rows)
+    order = np.arange(n)
+    bs = trial.batch_size
+    shards = [order[i: i + bs] for i in range(0, n, bs)]
+    if max_batches is not None:
+        shards = shards[: max_batches * dist_.world]
+    for idx in shards[dist_.rank:: dist_.world]:
+        ids, labels = rows.batch(idx)
+        with autocast(device, precision):
+            s, c, _, correct = objective(_to_device(ids, device), _to_device(labels, device))
+        total[0] += s.double()
+        total[1] += c.double()
+        if correct is not None:
+            total[2] += correct.double()
+    if dist_.world > 1:
+        dist.all_reduce(total)
+    objective.train()
+    s, c, right = total.tolist()
+    return (s / c if c else float("nan")), (right / c if trial.objective == "classification" and c else None)

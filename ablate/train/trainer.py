@@ -1,0 +1,241 @@
+"""One trial in training: what setup builds (device, data, model, optimizer, clock, recorder), a resumed run's
+state read back, one optimizer step, and how a run ends (`finalize`: the outcome fields of the run row)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from ablate import budget as bud
+from ablate import data as data_mod
+from ablate import models, objectives, store
+from ablate.config import TrialConfig
+from ablate.config.errors import AblateError
+from ablate.runstate import (Batches, Dist, Progress, Recorder, Settings, check_memory, is_oom, load_checkpoint,
+                             peak_memory_mb, run_dir, set_rng_state)
+from ablate.train.device import (_null, _to_device, autocast, hardware_check, pick_device, prepare_device,
+                                 resolve_precision)
+from ablate.train.optim import make_optimizer, plain_step
+
+
+class Trainer:
+    """Holds what every phase of `ablate.train.loop.train` reads; the phases themselves live there."""
+
+    def __init__(self, trial: TrialConfig, settings: Settings, dist_: Dist):
+        self.t_start = time.perf_counter()
+        self.trial, self.dist = trial, dist_
+        if settings.threads:
+            torch.set_num_threads(settings.threads)  # this trial's share of the host's cores: no oversubscription
+        self.device = pick_device(settings, dist_)
+        self.hardware = hardware_check(trial, self.device)  # the profile's memory as a cap on a larger GPU, and any mismatch
+        if settings.memory_cap_mb is None and self.hardware.get("memory_cap_mb"):
+            settings = dataclasses.replace(settings, memory_cap_mb=self.hardware["memory_cap_mb"])
+        self.settings = settings
+        self.precision = resolve_precision(trial, self.device)
+        self.recorder = Recorder(settings, dist_.is_main)
+        self.device_name = prepare_device(self.device, settings.memory_cap_mb)
+        torch.manual_seed(trial.seed)
+        random.seed(trial.seed)
+        np.random.seed(trial.seed)
+        self.clock = bud.Clock()
+        self.progress = Progress()
+        if self.hardware.get("mismatch"):
+            self.progress.notes["hardware"] = self.hardware
+        self.flops_per_token: float | None = None
+
+    # ---------------------------------------------------------------- setup
+
+    def build(self) -> None:
+        """The token cache, the model inside its objective (DDP, compile), the optimizer and the schedule."""
+        trial, settings, device = self.trial, self.settings, self.device
+        self.prepared = data_mod.prepare(trial.dataset, trial.tokenizer, trial.context, settings.artifacts,
+                                         progress=settings.progress and self.dist.is_main,
+                                         eos_is_target=trial.eos_is_target)
+        self.family = models.family(trial.architecture)
+        self.model = objectives.model_for(trial, self.prepared.vocab_size).to(device)
+        self.params = sum(p.numel() for p in self.model.parameters())
+        # lookups cost no FLOPs; a tied embedding is also the LM head, whose FLOPs do count
+        head_weights = {id(m.weight) for m in self.model.modules() if isinstance(m, torch.nn.Linear)}
+        embedding = sum(m.weight.numel() for m in self.model.modules()
+                        if isinstance(m, torch.nn.Embedding) and id(m.weight) not in head_weights)
+        param_passes, mixing_stacks = objectives.passes(trial)  # multi-token runs the model n times; two-stack objectives
+        self.flops_per_token = param_passes * bud.train_flops_per_token(
+            self.params - embedding, mixing_stacks / param_passes * self.family.mixing_flops_per_token(trial))
+        self.count_targets = objectives.target_counter(trial)
+        self.count_tokens = objectives.token_counter(trial)
+        objectives.check_data(trial, self.prepared)
+        self.lr_at = bud.schedule(trial)  # the schedule, its settings read once
+        # a run ends at its schedule's horizon when that comes before its budget, as the HF Trainer ends at its
+        # num_train_epochs / max_steps (the studies' runs were planned that way, and stopped by hand at a wall clock)
+        self.along_horizon = bud.schedule_position(trial) if trial.horizon is not None else None
+
+        self.compiled = trial.compile if trial.compile is not None else device.type == "cuda"
+        self.optimizer = make_optimizer(self.model, trial, device, compiling=self.compiled)
+        self.step_optimizer = self.optimizer.step if self.compiled else plain_step(self.optimizer)
+        self.scaler = torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
+        # DDP and compile wrap the model together with its loss: every objective's forward goes through them
+        wrapped: torch.nn.Module = objectives.Objective(trial, self.model)
+        if self.dist.world > 1:
+            wrapped = torch.nn.parallel.DistributedDataParallel(
+                wrapped, device_ids=[device.index] if device.type == "cuda" else None)
+        self.wrapped = torch.compile(wrapped) if self.compiled else wrapped
+
+        self.progress = Progress(micro_batch=trial.batch_size, grad_accum=trial.grad_accum)
+        if self.hardware.get("mismatch"):
+            self.progress.notes["hardware"] = self.hardware
+        self.ckpt_path = run_dir(settings, trial) / "checkpoint.pt"
+        self.identity = {"db_id": settings.db_id, "run_id": settings.run_id, "fingerprint": trial.fingerprint()}
+
+    def resume(self) -> None:
+        """A killed run's model, optimizer, scaler, progress and RNGs from its checkpoint (when it has one), and the
+        clock, data order and metric points that continue from there."""
+        self.resumed = False
+        if self.settings.resume and self.ckpt_path.exists():
+            state = load_checkpoint(self.ckpt_path, map_location=self.device)
+            theirs = state.get("identity") or {}
+            if any(theirs.get(k) not in (None, v) for k, v in self.identity.items()):
+                raise AblateError(f"checkpoint {self.ckpt_path} belongs to another run ({theirs}), not {self.identity}; "
+                                  "move it away or delete it to restart this run from step 0")
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.scaler is not None and state["scaler"] is not None:
+                self.scaler.load_state_dict(state["scaler"])
+            self.progress = Progress(**state["progress"])
+            set_rng_state(state["rng"])
+            self.resumed = True
+            del state  # the model's copy (the optimizer holds its own tensors)
+        # points past the checkpoint (or, starting from step 0, every point of earlier attempts) are logged anew
+        self.recorder.forget_after(self.progress.step if self.resumed else -1)
+
+        progress = self.progress
+        progress.rows = len(self.prepared.train)  # epochs = samples / rows (a checkpoint from before this field lacks it)
+        self.batches = Batches(self.prepared.train, self.trial.seed, self.dist)
+        device = self.device
+        self.sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        self.clock = bud.Clock(sync=self.sync, elapsed=progress.elapsed)
+        self.clock.meters.update(progress.meters)
+        # diverged: a non-finite loss, or one 4x worse than guessing uniformly over the vocabulary
+        self.divergence_limit = 4.0 * math.log(self.prepared.vocab_size)
+
+    # ---------------------------------------------------------------- one step
+
+    def fraction(self) -> float:
+        """How much of the budget is spent."""
+        p = self.progress
+        return bud.budget_fraction(self.trial.budget.kind, self.trial.budget.amount, self.clock.elapsed(), p.step,
+                                   p.tokens, self.flops_per_token)
+
+    def one_step(self, lr: float) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """Forward/backward over the accumulation micro-batches and one optimizer step.
+
+        Returns (loss sum, token count) on device (no host sync), global samples, and this step's
+        real tokens counted on the host from the labels before they move to the device. The loss is
+        divided by the objective's target count over the whole step, also counted on the host.
+        """
+        progress, device, world, optimizer, scaler = self.progress, self.device, self.dist.world, self.optimizer, self.scaler
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+        micro = [self.batches.take(progress.samples + k * progress.micro_batch * world, progress.micro_batch)
+                 for k in range(progress.grad_accum)]
+        host_tokens = sum(self.count_tokens(labels) for _, labels in micro)
+        host_targets = max(sum(self.count_targets(labels) for _, labels in micro), 1)
+        micro = [(_to_device(ids, device), _to_device(labels, device)) for ids, labels in micro]
+        self.clock.meters["data"] += time.perf_counter() - t0
+        loss_sum = torch.zeros((), device=device)
+        count = torch.zeros((), device=device)
+        for k, (ids, labels) in enumerate(micro):
+            is_last = k == len(micro) - 1
+            no_sync = world > 1 and not is_last and hasattr(self.wrapped, "no_sync")
+            with self.wrapped.no_sync() if no_sync else _null(), autocast(device, self.precision):
+                s, c, aux, _ = self.wrapped(ids, labels)
+            # token-weighted over the whole step, not a mean of micro-batch means; a model's own losses (router
+            # losses) count once per step; both go through the scaler
+            loss = s / host_targets + aux / len(micro)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            loss_sum += s.detach().float()
+            count += c.detach().float()
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            self.step_optimizer()
+        optimizer.zero_grad(set_to_none=True)
+        return loss_sum, count, progress.micro_batch * progress.grad_accum * world, host_tokens * world
+
+    # ---------------------------------------------------------------- how a run ends
+
+    def finalize(self, status: str, error: str | None = None, final_train: float | None = None,
+                 final_eval: float | None = None, peak: float | None = None, mfu: bool = True) -> dict[str, Any]:
+        """The outcome fields, written to the run row (its points flushed first); the trainer's recorder closes."""
+        recorder, progress, clock = self.recorder, self.progress, self.clock
+        recorder.flush()
+        if "process_cpu" in progress.notes:
+            progress.notes["process_cpu"]["total"] = round(time.process_time(), 3)
+        seconds = clock.elapsed()
+        tps = progress.tokens / seconds if seconds > 0 else None
+        flops_per_token = self.flops_per_token if mfu else None
+        peak_flops = bud.peak_flops(self.device_name if mfu else None)
+        outcome = dict(
+            status=status, error=error, steps=progress.step, tokens=progress.tokens, samples=progress.samples,
+            train_seconds=seconds, eval_seconds=clock.meters.get("eval", 0.0),
+            startup_seconds=clock.meters.get("startup"), checkpoint_seconds=clock.meters.get("checkpoint", 0.0),
+            compile_seconds=clock.meters.get("compile", 0.0),
+            data_wait_fraction=(clock.meters.get("data", 0.0) / seconds) if seconds > 0 else None,
+            tokens_per_second=tps, final_train_loss=final_train, final_eval_loss=final_eval,
+            epochs=progress.samples / progress.rows if progress.rows else None,
+            peak_memory_mb=peak if peak is not None else peak_memory_mb(self.device),
+            mfu=(tps * flops_per_token / peak_flops) if (tps and flops_per_token and peak_flops) else None,
+            notes={"meters": bud.summarize_meters(clock), **progress.notes} or None,
+            finished_at=store.utcnow(),
+        )
+        recorder.update(**outcome, pid=None)  # no pid: this trainer is ending (`sweep status` stops saying "cancelling")
+        recorder.close()
+        return outcome
+
+    def finish_oom(self, exc: BaseException) -> dict[str, Any]:
+        """Out of memory is a result: the step it came at and the micro-batch, with the peak memory."""
+        peak = peak_memory_mb(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        progress = self.progress
+        msg = (f"out of memory at step {progress.step} (micro-batch {progress.micro_batch}): "
+               f"{str(exc).splitlines()[0][:300]}")
+        return self.finalize("oom", msg, peak=peak, mfu=False)
+
+    def stopped(self) -> dict[str, Any]:
+        """A stopped run is `cancelled` when a user cancelled it (its row says so), else `preempted` (resumable)."""
+        return self.finalize("cancelled" if self.recorder.cancelled() else "preempted")
+
+    def memory_probe(self) -> dict[str, Any]:
+        """One unbatched forward+backward without the LM head; peak memory is the result (OOM is a cell value)."""
+        trial, device = self.trial, self.device
+        vocab = trial.tokenizer.vocab_size or 4096
+        self.recorder.update(precision=self.precision)
+        try:
+            model = models.build(trial, vocab).to(device)
+            base = peak_memory_mb(device)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            ids = torch.randint(0, vocab, (1, trial.context), device=device)
+            with autocast(device, self.precision):
+                hidden = model.hidden_states(ids)
+            hidden.float().sum().backward()
+            check_memory(device, self.settings.memory_cap_mb)
+            peak = peak_memory_mb(device)
+            if device.type == "cpu":
+                peak = max(peak - base, 0.0) or peak
+            return self.finalize("completed", peak=peak)
+        except Exception as exc:  # noqa: BLE001
+            if is_oom(exc):
+                return self.finish_oom(exc)
+            raise
