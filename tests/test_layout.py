@@ -111,7 +111,8 @@ def test_config_imports_nothing_of_ablate_outside_config():
     assert {m: d for m, d in outside.items() if d} == {}
 
 
-@pytest.mark.parametrize("layer", ["ablate.config", "ablate.store", "ablate.runner", "ablate.results"])
+@pytest.mark.parametrize("layer", ["ablate.config", "ablate.store", "ablate.runner", "ablate.results",
+                                   "ablate.data.tokencache"])  # checks a built token cache, under a lazy face
 def test_torch_free_layers_never_import_torch(layer):
     """Imported in a fresh interpreter with every module of the folder, and a spec read and expanded."""
     folder = ROOT / Path(*layer.split("."))
@@ -128,7 +129,8 @@ def test_torch_free_layers_never_import_torch(layer):
 
 
 @pytest.mark.parametrize("old, name", [("ablate.spec", "TrialConfig"), ("ablate.spec", "_same"),
-                                       ("ablate.errors", "AblateError"), ("ablate.specfile", "read_yaml")])
+                                       ("ablate.errors", "AblateError"), ("ablate.specfile", "read_yaml"),
+                                       ("ablate.tokencache", "cache_intact")])
 def test_an_old_import_path_still_works_and_says_where_it_went(old, name):
     code = (f"import warnings; warnings.simplefilter('always')\n"
             f"with warnings.catch_warnings(record=True) as w:\n"

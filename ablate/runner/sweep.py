@@ -56,7 +56,7 @@ def check_sources(trials: list[TrialConfig]) -> None:
     """Each hub dataset of the trials resolves here (cheap: metadata only); `ablate plan` runs this."""
     hub = {t.dataset.model_dump_json(): t.dataset for t in distinct_data(trials) if t.dataset.from_hub}
     if hub:
-        from ablate import data  # torch comes with it: only when there is a hub dataset to check
+        from ablate import data  # datasets comes with it (not torch): only when there is a hub dataset to check
 
         for source in hub.values():
             data.check_source(source)
@@ -67,8 +67,8 @@ def prepare_data(trials: list[TrialConfig], artifacts: Path, say: Callable[[str]
     """Build the sweep's token caches (download, tokenizer, packing) once, before any trial is dispatched: a
     dataset that cannot load, a vocabulary the corpus cannot support or a missing file fails here with one
     message, instead of in every trial. Trials then read the caches (on a cluster, from the shared artifacts).
-    Caches that are built and intact are checked without importing torch (ablate/tokencache.py)."""
-    from ablate import tokencache
+    Caches that are built and intact are checked without importing torch (ablate/data/tokencache.py)."""
+    from ablate.data import tokencache
 
     todo = distinct_data(trials)
     for k, t in enumerate(todo, 1):
