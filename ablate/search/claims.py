@@ -1,0 +1,87 @@
+"""Claiming trials: which trials use up n_trials, re-queueing a dead or interrupted worker's trial, the study lock
+(threads, processes, machines), and `claim`, which hands a worker its next trial under that lock."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import optuna
+import sqlalchemy as sa
+from optuna.trial import FrozenTrial, TrialState
+
+MAX_REQUEUES = 2  # a trial whose worker died is re-queued at most this many times
+COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+
+
+def trials_counted(trials: list[FrozenTrial]) -> int:
+    """Trials that use up n_trials: finished and running ones. A FAIL that was re-queued does not count; its retry does."""
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    return sum(t.state in COUNTED or (t.state == TrialState.FAIL and t.number not in retried) for t in trials)
+
+
+def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Queue a retry of a trial whose worker died or was interrupted: same parameters, so the same run row."""
+    history = [*trial.system_attrs.get("retry_history", []), trial.number]
+    if len(history) > MAX_REQUEUES:
+        return
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.WAITING, params=trial.params, distributions=trial.distributions,
+        user_attrs={k: v for k, v in trial.user_attrs.items() if k not in ("run_status", "error")},
+        system_attrs={**trial.system_attrs, "failed_trial": history[0], "retry_history": history},
+    ))
+
+
+_THREAD_LOCKS: dict[tuple[str, str], threading.Lock] = {}
+_THREAD_LOCKS_GUARD = threading.Lock()
+
+
+@contextmanager
+def study_lock(engine: sa.Engine, name: str) -> Iterator[None]:
+    """One worker at a time counts the study's trials and asks for the next one (threads, processes, machines)."""
+    with _THREAD_LOCKS_GUARD:
+        local = _THREAD_LOCKS.setdefault((str(engine.url), name), threading.Lock())
+    with local:
+        if engine.dialect.name == "sqlite":
+            from filelock import FileLock
+
+            with FileLock(f"{engine.url.database}.search-{name}.lock", timeout=600):
+                yield
+        elif engine.dialect.name == "postgresql":
+            key = zlib.crc32(f"ablate-search:{name}".encode()) - 2**31
+            with engine.connect() as conn:
+                conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+                conn.commit()
+                try:
+                    yield
+                finally:
+                    conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                    conn.commit()
+        else:  # other servers: workers of one process are serialised, several processes may overshoot by one
+            yield
+
+
+def claim(study: optuna.Study, storage: optuna.storages.RDBStorage, engine: sa.Engine, n_trials: int,
+          sampler: Callable[[int], optuna.samplers.BaseSampler] | None = None) -> optuna.Trial | None:
+    """The next trial for this worker, or None when the study holds n_trials. Stale trials are failed and re-queued.
+
+    `sampler(n)` gives the sampler for trial number n: seeded by n, a trial's draws do not depend on which
+    worker (thread, process, machine) asks for it, and two workers never replay each other's draws.
+    """
+    with study_lock(engine, study.study_name), warnings.catch_warnings():
+        # heartbeats are experimental, and meant for Study.optimize; this loop records them itself
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used", category=UserWarning)
+        optuna.storages.fail_stale_trials(study)
+        trials = study.get_trials(deepcopy=False)
+        if trials_counted(trials) >= n_trials:
+            return None
+        if sampler is not None:
+            study.sampler = sampler(len(trials))  # the number the next new trial gets (asked under the lock)
+        trial = study.ask()  # pops a queued trial (a retry, or one enqueued by hand) before sampling a new one
+        storage.record_heartbeat(trial._trial_id)  # Optuna's own heartbeat thread uses this private id too
+        return trial
+
