@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import ablate
 from ablate import models, store
 from ablate import retrieval as R
 from ablate.data import SEPARATOR, get_tokenizer
@@ -17,7 +18,7 @@ from ablate.generate import load_checkpoint_model, load_checkpoint_tokenizer
 from ablate.config import TrialConfig
 from ablate.train import Settings, train
 
-SAMPLE = Path(R.__file__).parent / "corpora" / "tinystories-valid-head.txt"
+SAMPLE = Path(ablate.__file__).parent / "corpora" / "tinystories-valid-head.txt"
 
 
 def make_trial(**over) -> TrialConfig:
@@ -285,7 +286,7 @@ def test_the_study_retrieval_sweeps_run_the_authors_stage():
 
     for name, batch, epochs, position in (("tinystories-retrieval", 32, 200, "window"),
                                           ("fineweb-retrieval", 128, 50, "text")):
-        plan = load_spec(Path(R.__file__).parent.parent / "sweeps" / f"{name}.yaml").retrieval
+        plan = load_spec(Path(ablate.__file__).parent.parent / "sweeps" / f"{name}.yaml").retrieval
         assert (plan.d_model, plan.layers, plan.input_norm, plan.final_norm, plan.standardize) == (None, 8, False, False, False)
         assert (plan.lr, plan.weight_decay, plan.warmup_steps, plan.schedule) == (1e-4, 0.0, 500, "linear")
         assert (plan.batch_size, plan.epochs, plan.steps, plan.position) == (batch, epochs, None, position)
