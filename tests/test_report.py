@@ -128,6 +128,30 @@ def test_unfinished_oom_and_running_cells_render(tmp_path):
     assert dict(llama.rows)["Test"] == ["diverged", "pending"]
 
 
+def test_report_html_escapes_what_users_wrote(tmp_path, monkeypatch):
+    """The sweep's description, a table's title, a run's notes and the completions reach report.html as text (the
+    template autoescapes), never as markup."""
+    from ablate.report import render
+
+    attack = "<script>alert(1)</script>"
+    block = yaml.safe_load((REPO / "sweeps" / "smoke.yaml").read_text())["report"]
+    block["tables"][0]["title"] = f"Widths {attack}"
+    spec = write_spec(tmp_path, description=f"Mixer vs Llama {attack}", report=block)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    _, _, ids = runner.register(spec, url)
+    hardware = {"mismatch": True, "profile": "cpu", "device": f"gpu {attack}", "memory_cap_mb": None}
+    store.update_run(store.connect(url), ids[0], status="completed", final_train_loss=2.0, final_eval_loss=2.5,
+                     notes={"hardware": hardware}, error=attack)
+    monkeypatch.setattr(render, "prompt_completions",
+                        lambda views, *args, **kw: ([(ids[0], f"label {attack}", f"text {attack}")], 1))
+    report = build_report("smoke", url, tmp_path / "out", formats=("html",))
+    page = (report.out / "report.html").read_text()
+    assert "<script" not in page
+    escaped = "&lt;script&gt;alert(1)&lt;/script&gt;"
+    for said in ("Mixer vs Llama", "Widths", "gpu", "label", "text"):
+        assert f"{said} {escaped}" in page
+    assert f'alt="Widths {escaped} (architecture=mixer)"' in page
+
 def test_memory_report_shows_oom_cells(tmp_path):
     data = yaml.safe_load((REPO / "sweeps" / "context-memory.yaml").read_text())
     data["dataset"] = {"source": "ablate:tinystories-sample"}

@@ -129,8 +129,9 @@ def report_costs(tmp: Path, seeds: int, monkeypatch) -> tuple[int, int, int]:
     """(runs, calls of _varying, SQL statements) of one report of 2 tables x 10 configurations x `seeds` runs."""
     url, ids = fake_sweep(tmp, f"s{seeds}", grid([32, 64, 96, 128, 160], [1e-3, 2e-3], seeds), points=10)
     calls, statements = [], []
-    real = report._varying
-    monkeypatch.setattr(report, "_varying", lambda *a: calls.append(1) or real(*a))
+    real = report.views._varying
+    for caller in (report.tables, report.curves, report.samples):  # patched where each caller looks it up
+        monkeypatch.setattr(caller, "_varying", lambda *a: calls.append(1) or real(*a))
 
     def count(conn, cursor, statement, *rest):
         statements.append(statement)

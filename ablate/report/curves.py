@@ -1,0 +1,209 @@
+"""Loss curves: which lines a table's figure draws (one per run, or the best configurations' seed means past
+MAX_CURVES runs), the runs' metric points read in chunks, every point written to a CSV, and the figure drawn."""
+
+from __future__ import annotations
+
+import io
+import math
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from ablate import store
+from ablate.report.tables import Table, _completed
+from ablate.report.views import RunView, _label, _varying
+
+
+MAX_CURVES = 10  # lines per panel (matplotlib's colour cycle: no two share a colour); a table with more runs
+# draws its best configurations' seed means instead
+IN_CHUNK = 900  # run ids per metrics query: under SQLite's smallest bound-parameter limit (999)
+
+
+@dataclass
+class Curve:
+    """One line of a figure: a run, or the seeds of one configuration (mean line, min–max band)."""
+
+    label: str
+    runs: list[RunView]
+    gid: str  # run-<id>, or config-<rank>
+
+
+@dataclass
+class CurvePlan:
+    """What a table's figure draws, and the configuration (label without the seed) of every run behind it."""
+
+    curves: list[Curve]
+    configuration: dict[int, str]  # run id -> configuration label
+    runs: list[RunView]
+    is_aggregate: bool = False
+    caption: str = ""  # says what an aggregate figure leaves out; empty when every run is a line
+
+
+def plan_curves(table: Table, points_csv: str | None = None, cap: int = MAX_CURVES) -> CurvePlan:
+    """One line per run up to `cap` runs; past it, runs that differ only by seed are one configuration, and the
+    `cap` configurations with the lowest mean final test loss are drawn (`points_csv`: where every run is)."""
+    runs = [r for col in table.runs for r in col]
+    keys = _varying(runs, set()) or ["architecture"]
+    configuration = {r.row.id: _label(r.axes, keys) for r in runs}
+    if len(runs) <= cap:
+        curves = [Curve(f"run {r.row.id}: {configuration[r.row.id]}", [r], f"run-{r.row.id}") for r in runs]
+        return CurvePlan(curves, configuration, runs)
+    configs: dict[str, list[RunView]] = {}
+    for r in runs:
+        configs.setdefault(configuration[r.row.id], []).append(r)
+    ranked = sorted(configs.items(), key=lambda c: statistics.fmean(_completed(c[1], "final_eval_loss") or [math.inf]))
+    curves = [Curve(f"{label} ({len(members)} run{'s' * (len(members) > 1)})", members, f"config-{rank}")
+              for rank, (label, members) in enumerate(ranked[:cap])]
+    caption = (f"showing {len(curves)} of {len(configs)} configurations ({len(runs)} runs), those with the lowest "
+               "mean final test loss; line: mean over seeds, band: min–max")
+    if points_csv:
+        caption += f"; every run's points in {points_csv}"
+    return CurvePlan(curves, configuration, runs, is_aggregate=True, caption=caption)
+
+
+def metric_points(engine: sa.Engine, run_ids: list[int]) -> Iterator[Any]:
+    """The runs' metric points as rows (run_id, split, step, elapsed_seconds, tokens, loss), ordered as the unique
+    index uq_metrics_run_split_step is: one query per IN_CHUNK runs, not one per run."""
+    columns = (store.Metric.run_id, store.Metric.split, store.Metric.step, store.Metric.elapsed_seconds, store.Metric.tokens,
+               store.Metric.loss)
+    ids = sorted(run_ids)
+    with engine.connect() as conn:
+        for start in range(0, len(ids), IN_CHUNK):
+            # all() fetches a chunk at once: iterating the result fetches row by row (~5 µs each through psycopg)
+            yield from conn.execute(sa.select(*columns).where(store.Metric.run_id.in_(ids[start:start + IN_CHUNK]))
+                                    .order_by(store.Metric.run_id, store.Metric.split, store.Metric.step)).all()
+
+
+POINT_COLUMNS = ("run_id", "configuration", "seed", "split", "step", "elapsed_seconds", "tokens", "loss")
+AGGREGATE_CHUNK = 2_000  # runs per query of their points as text (PostgreSQL): ~25 MB of text at 200 points a run
+# each run's points as its CSV lines (split,step,elapsed_seconds,tokens,loss), joined by the server; concat writes
+# a NULL as nothing and a float as PostgreSQL prints it (the shortest text that reads back the same double)
+POINTS_AS_TEXT = ("SELECT m.run_id, string_agg(concat(m.split, ',', m.step, ',', m.elapsed_seconds, ',', m.tokens, ',', "
+                  "m.loss), E'\\n' ORDER BY m.split, m.step) FROM metrics m WHERE m.run_id = ANY(%s) GROUP BY m.run_id "
+                  "ORDER BY m.run_id")
+
+
+def write_curve_points(engine: sa.Engine, plan: CurvePlan, path: Path) -> None:
+    """Every point of every run of a figure's table, drawn or not: the data behind an aggregate figure.
+
+    On PostgreSQL the server writes each run's lines (one text value per run) and Python puts the run's columns in
+    front of each: 20 million points cost ~0.1 µs each on the client instead of ~3 with Python's csv writer (kept
+    for SQLite). The same values; PostgreSQL spells a whole float without ".0" and NaN as NaN."""
+    import csv
+
+    run = {r.row.id: (plan.configuration[r.row.id], r.axes.get("seed")) for r in plan.runs}
+    with path.open("w", newline="") as f:
+        out = csv.writer(f, lineterminator="\n")
+        out.writerow(POINT_COLUMNS)
+        if engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg":
+            _write_points_as_text(engine, run, f)
+            return
+        # by position, not name: a million points write in half the time
+        out.writerows((p[0], *run[p[0]], *p[1:]) for p in metric_points(engine, list(run)))
+
+
+def _write_points_as_text(engine: sa.Engine, run: dict[int, tuple[str, Any]], f: Any) -> None:
+    import csv
+
+    prefix = io.StringIO()
+    quoted = csv.writer(prefix, lineterminator="")
+    ids = sorted(run)
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SET LOCAL jit = off")  # compiling each query's plan costs more than it saves
+        with conn.connection.driver_connection.cursor() as cursor:
+            for start in range(0, len(ids), AGGREGATE_CHUNK):
+                # not prepared: from its 6th run psycopg would prepare it, and PostgreSQL's generic plan for an array
+                # of unknown length scans every point (21 s instead of 0.2 for the last chunk of 100,000 runs)
+                chunk = ids[start:start + AGGREGATE_CHUNK]
+                for run_id, lines in cursor.execute(POINTS_AS_TEXT, (chunk,), prepare=False).fetchall():
+                    prefix.seek(0)
+                    prefix.truncate()
+                    quoted.writerow((run_id, *run[run_id], ""))  # "id,configuration,seed," quoted as csv would
+                    head = prefix.getvalue()
+                    f.write(head + lines.replace("\n", "\n" + head) + "\n")
+        conn.rollback()
+
+
+X_COLUMN = {"hours": 0, "tokens": 1, "steps": 2}  # of a run's points array: elapsed_seconds, tokens, step, loss
+
+
+def run_points(engine: sa.Engine, run_ids: list[int]) -> dict[tuple[int, str], Any]:
+    """Each run's points of each split, in step order, as an array of rows (elapsed_seconds, tokens, step, loss)."""
+    import numpy as np
+
+    grouped: dict[tuple[int, str], list[tuple[Any, ...]]] = {}
+    for p in metric_points(engine, run_ids):  # (run_id, split, step, elapsed_seconds, tokens, loss)
+        grouped.setdefault((p[0], p[1]), []).append((p[3], p[4], p[2], p[5]))
+    return {key: np.array(rows, dtype=float) for key, rows in grouped.items()}
+
+
+def _seed_band(series: list[Any]) -> tuple[Any, Any, Any, Any]:
+    """(x, mean, min, max) of the k-th logged point over the seeds that reached it (seeds log at the same
+    fractions of the budget, so their k-th points line up); `series`: one (n, 2) array of (x, loss) per seed."""
+    import numpy as np
+
+    longest = max((len(s) for s in series), default=0)
+    values = np.zeros((len(series), longest, 2))
+    reached = np.zeros((len(series), longest), dtype=bool)
+    for i, s in enumerate(series):
+        values[i, :len(s)] = s
+        reached[i, :len(s)] = True
+    count = reached.sum(axis=0)
+    mean = np.where(reached[..., None], values, 0.0).sum(axis=0) / count[:, None]  # a NaN loss stays NaN, as in fmean
+    loss = values[..., 1]
+    return (mean[:, 0], mean[:, 1], np.where(reached, loss, np.inf).min(axis=0),
+            np.where(reached, loss, -np.inf).max(axis=0))
+
+
+def draw_curves(engine: sa.Engine, table: Table, x_axes: tuple[str, ...] = ("hours", "tokens"),
+                plan: CurvePlan | None = None):
+    """One figure per table: rows train / eval loss, columns the x axes; each panel draws the plan's curves
+    (one line per run in a table of up to MAX_CURVES runs)."""
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plan = plan or plan_curves(table)
+    points = run_points(engine, [r.row.id for c in plan.curves for r in c.runs])
+    none = np.empty((0, 4))
+    fig, axes = plt.subplots(2, len(x_axes), figsize=(5.5 * len(x_axes), 7.5), squeeze=False, sharey="row")
+    longest = max((float(np.nanmax(pts[:, 0])) for pts in points.values() if len(pts)), default=0.0)
+    unit, per = time_unit(longest)
+    for i, split in enumerate(("train", "eval")):
+        for j, x in enumerate(x_axes):
+            ax = axes[i][j]
+            scale = per if x == "hours" else 1.0
+            for curve in plan.curves:
+                series = [points.get((r.row.id, split), none)[:, [X_COLUMN[x], 3]] / (scale, 1.0) for r in curve.runs]
+                style = dict(marker="o" if split == "eval" else None, markersize=3, linewidth=1.4, label=curve.label,
+                             gid=f"{curve.gid}-{split}-{x}")
+                if not plan.is_aggregate:
+                    ax.plot(series[0][:, 0], series[0][:, 1], **style)
+                    continue
+                xs, mean, low, high = _seed_band(series)
+                (line,) = ax.plot(xs, mean, **style)
+                ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.set_xlabel({"hours": f"training wall clock ({unit})", "tokens": "tokens seen", "steps": "steps"}[x])
+            ax.set_ylabel(f"{split} loss (nats)")
+            ax.grid(alpha=0.3)
+    configs = len(set(plan.configuration.values()))
+    title = f"{len(plan.curves)} of {configs} configurations; band: min–max over seeds" if plan.is_aggregate else None
+    axes[0][0].legend(fontsize=8, loc="upper right", title=title, title_fontsize=8)
+    fig.suptitle(table.title)
+    fig.tight_layout()
+    return fig
+
+
+def time_unit(longest_seconds: float) -> tuple[str, float]:
+    """Hours for real runs (the studies' axis); minutes or seconds for short ones, so ticks stay readable."""
+    if longest_seconds >= 2 * 3600:
+        return "hours", 3600.0
+    if longest_seconds >= 600:
+        return "minutes", 60.0
+    return "seconds", 1.0

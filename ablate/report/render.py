@@ -1,0 +1,241 @@
+"""A report put together and written: `build_report` (one sweep) and `build_comparison` (several side by side) load
+the runs, lay out the tables, draw the figures, and write report.md, report.html (from the jinja2 template
+templates/report.html.j2, autoescaped: every name, description, label and note a user wrote is escaped by the
+template engine), the figures and runs.csv."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import sqlalchemy as sa
+
+from ablate import store
+from ablate.config import SweepSpec, TableSpec
+from ablate.config.errors import AblateError
+from ablate.report.curves import draw_curves, plan_curves, write_curve_points
+from ablate.report.notes import check_orderings, recipe_lines
+from ablate.report.samples import prompt_completions
+from ablate.report.tables import Table, _one_table, layout_tables
+from ablate.report.views import RunView, _long_lived, load_views
+
+FORMATS = ("md", "html", "png", "svg", "csv")
+
+
+@dataclass
+class Report:
+    """What was built: the tables, the figure files, every file written (in `out`), the orderings checked."""
+
+    sweep: str
+    tables: list[Table]
+    figures: list[Path]
+    out: Path
+    files: list[Path]
+    orderings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Figures:
+    """The tables' loss-curve figures: the image files written, every run's points (CSV), and for each table in
+    order its caption and the base64 PNG report.html embeds (none when no figure was drawn)."""
+
+    files: list[Path] = field(default_factory=list)  # png, svg
+    points: list[Path] = field(default_factory=list)  # curves-*.csv
+    captions: list[str] = field(default_factory=list)
+    embedded: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Page:
+    """What report.md and report.html both say, worked out once."""
+
+    spec: SweepSpec
+    tables: list[Table]
+    out: Path
+    summary: str
+    recipe: list[str]  # the recipes the runs trained with, and the spec's overrides
+    orderings: list[str]  # the study's published orderings, checked
+    samples: list[tuple[int, str, str]]  # (run id, label, completion of the prompt)
+    of_runs: str  # which runs the completions are, when not every run with a checkpoint
+    figures: Figures
+
+
+def build_report(sweep: str, url: str | None = None, out: Path | None = None,
+                 formats: tuple[str, ...] = FORMATS, skip: tuple[str, ...] = (),
+                 artifacts: str | Path | None = None) -> Report:
+    """The report of one sweep, laid out as its spec's `report` block says (`artifacts`: where the runs'
+    checkpoints are, for the prompt completions). Reads the database, never writes it."""
+    engine = store.reader(url)
+    with _long_lived() as loaded:
+        spec, views = load_views(engine, sweep)
+        loaded()
+        return _render(engine, spec, views, layout_tables(spec, views), [sweep], url,
+                       out or Path("results/reports") / sweep, formats, skip, artifacts)
+
+
+def build_comparison(sweeps: list[str], url: str | None = None, out: Path | None = None,
+                     formats: tuple[str, ...] = FORMATS, skip: tuple[str, ...] = (),
+                     artifacts: str | Path | None = None) -> Report:
+    """Several sweeps side by side: one table whose columns are the sweeps (and what varies within them)."""
+    if len(sweeps) < 2:
+        raise AblateError("--compare needs at least two sweep names")
+    engine = store.reader(url)
+    views: list[RunView] = []
+    specs = []
+    with _long_lived() as loaded:
+        for name in sweeps:
+            spec, vs = load_views(engine, name)
+            specs.append(spec)
+            for v in vs:
+                v.axes["sweep"] = name
+            views += vs
+        loaded()
+        title = " vs ".join(sweeps)
+        combined = specs[0].model_copy(update={"name": "compare-" + "-".join(sweeps),
+                                               "description": f"Comparison: {title}"})
+        table = _one_table(combined, TableSpec(title=title, group_by=(), columns="sweep"), views)
+        return _render(engine, combined, views, [table], sweeps, url,
+                       out or Path("results/reports") / combined.name, formats, skip, artifacts)
+
+
+def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: list[Table], sweeps: list[str],
+            url: str | None, out: Path, formats: tuple[str, ...], skip: tuple[str, ...],
+            artifacts: str | Path | None = None) -> Report:
+    """Draw the figures, then write each file `formats` asks for."""
+    out.mkdir(parents=True, exist_ok=True)
+    figures = _draw_figures(engine, spec, tables, out, formats)
+    page = _page(spec, views, tables, out, figures, url, skip, artifacts)
+    files = figures.files + figures.points
+    if "md" in formats:
+        files.append(_write(out / "report.md", render_markdown(page)))
+    if "html" in formats:
+        files.append(_write(out / "report.html", render_html(page)))
+    if "csv" in formats:
+        files.append(_write_runs_csv(views, sweeps, out / "runs.csv"))
+    return Report(sweep=spec.name, tables=tables, figures=figures.files, out=out, files=files,
+                  orderings=page.orderings)
+
+
+def _draw_figures(engine: sa.Engine, spec: SweepSpec, tables: list[Table], out: Path,
+                  formats: tuple[str, ...]) -> Figures:
+    """A loss report's figure of each table (png, svg, embedded in the html) and the points behind it (csv)."""
+    figures = Figures()
+    if spec.report.kind != "loss":
+        return figures
+    for t in tables:
+        stem = _figure_stem(out, t)
+        plan = plan_curves(t, stem.with_suffix(".csv").name if "csv" in formats else None)
+        if "csv" in formats:
+            write_curve_points(engine, plan, stem.with_suffix(".csv"))
+            figures.points.append(stem.with_suffix(".csv"))
+        figures.captions.append(plan.caption)
+        if {"png", "svg", "html"} & set(formats):
+            figures.files += _save_figure(draw_curves(engine, t, spec.report.curves, plan), stem, formats,
+                                          figures.embedded)
+    return figures
+
+
+def _page(spec: SweepSpec, views: list[RunView], tables: list[Table], out: Path, figures: Figures, url: str | None,
+          skip: tuple[str, ...], artifacts: str | Path | None) -> Page:
+    recipe = recipe_lines(views) + [f"Override: {note}" for note in spec.overrides]  # incl. hardware not the study's
+    orderings = check_orderings(spec, views)
+    samples, sampleable = (prompt_completions(views, spec.report.prompt, url, artifacts) if spec.report.prompt
+                           and "samples" not in skip else ([], 0))
+    of_runs = (f" ({len(samples)} of {sampleable} runs with a checkpoint: the lowest test losses)"
+               if len(samples) < sampleable else "")
+    return Page(spec=spec, tables=tables, out=out, summary=_summary(views), recipe=recipe, orderings=orderings,
+                samples=samples, of_runs=of_runs, figures=figures)
+
+
+def render_markdown(page: Page) -> str:
+    """report.md: the tables in markdown, each with its figure (the png beside it) and caption."""
+    spec = page.spec
+    md = [f"# {spec.name}", "", spec.description, "", page.summary, ""]
+    md += [f"{line}  " for line in page.recipe] + ([""] if page.recipe else [])
+    md += [f"**Against the study.** {line}\n" for line in page.orderings]
+    drawn = set(page.figures.files)
+    for i, t in enumerate(page.tables):
+        md += [t.markdown(), ""]
+        png = _figure_stem(page.out, t).with_suffix(".png")
+        if png in drawn:
+            md += [f"![{t.title}]({png.name})", ""]
+            caption = page.figures.captions[i]
+            md += [f"_Figure: {caption}._", ""] if caption else []
+    if page.samples:
+        md += [f"**Completions of the prompt** _{spec.report.prompt}_{page.of_runs}", ""]
+        md += [f"- run {rid} ({label}): {text}" for rid, label, text in page.samples]
+    return "\n".join(md)
+
+
+def render_html(page: Page) -> str:
+    """report.html, self-contained (figures embedded as base64 PNG): the template escapes every string."""
+    figures = page.figures
+    shown = [{"table": t, "png": figures.embedded[i] if i < len(figures.embedded) else None,
+              "caption": figures.captions[i] if i < len(figures.embedded) else ""} for i, t in enumerate(page.tables)]
+    return _templates().get_template("report.html.j2").render(
+        name=page.spec.name, description=page.spec.description, summary=page.summary, recipe=page.recipe,
+        orderings=page.orderings, tables=shown, prompt=page.spec.report.prompt, of_runs=page.of_runs,
+        samples=page.samples)
+
+
+@functools.cache
+def _templates() -> jinja2.Environment:
+    # autoescape on for every template: select_autoescape would go by the name, and ours ends in .j2
+    return jinja2.Environment(loader=jinja2.PackageLoader("ablate.report", "templates"), autoescape=True,
+                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _write_runs_csv(views: list[RunView], sweeps: list[str], path: Path) -> Path:
+    """runs.csv from the runs already loaded (the bytes `results.runs` would give), each tagged with its sweep."""
+    from ablate import results
+
+    import pandas as pd
+
+    by_sweep: dict[str, list[Any]] = {name: [] for name in sweeps}
+    for v in views:
+        by_sweep[v.sweep].append(v.row)
+    results.to_csv(pd.concat([results.runs_of(rows, name) for name, rows in by_sweep.items()]), path)
+    return path
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:60] or "table"
+
+
+def _figure_stem(out: Path, table: Table) -> Path:
+    return out / f"curves-{_slug(table.title)}"
+
+
+def _save_figure(fig: Any, stem: Path, formats: tuple[str, ...], embedded: list[str]) -> list[Path]:
+    """Render the png once (its bytes are both the file and the HTML's embedded image), the svg once if asked."""
+    import matplotlib.pyplot as plt
+
+    saved = []
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    if "png" in formats or "html" in formats:
+        stem.with_suffix(".png").write_bytes(png.getvalue())
+        saved.append(stem.with_suffix(".png"))
+    if "svg" in formats:
+        fig.savefig(stem.with_suffix(".svg"), dpi=110)
+        saved.append(stem.with_suffix(".svg"))
+    embedded.append(base64.b64encode(png.getvalue()).decode())
+    plt.close(fig)
+    return saved
+
+
+def _summary(views: list[RunView]) -> str:
+    counts: dict[str, int] = {}
+    for v in views:
+        counts[v.row.status] = counts.get(v.row.status, 0) + 1
+    return f"{len(views)} runs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))

@@ -1,0 +1,166 @@
+"""The studies' comparison tables: rows Train / Test (or peak memory), columns the varying axis, published numbers
+beside ours, and the cells' formatting (mean ± seed std, a status word for a cell with no final loss yet)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from ablate.config import SweepSpec, TableSpec
+from ablate.report.notes import run_notes
+from ablate.report.views import RunView, _label, _matches, _sort_key, _varying
+
+
+@dataclass
+class Table:
+    """One table of a report: its column labels, its rows of formatted cells, the runs behind each column and the
+    notes under it. `markdown()` is report.md's text; report.html draws it from its template."""
+
+    title: str
+    columns: list[str]  # column labels
+    rows: list[tuple[str, list[str]]]  # (row label, cells)
+    runs: list[list[RunView]] = field(default_factory=list)  # runs behind each column
+    notes: list[str] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        head = "| | " + " | ".join(self.columns) + " |"
+        rule = "| --- |" + " --- |" * len(self.columns)
+        body = ["| " + label + " | " + " | ".join(cells) + " |" for label, cells in self.rows]
+        notes = [f"\n_{n}_" for n in self.notes]
+        return "\n".join([f"**{self.title}**", "", head, rule, *body, *notes])
+
+
+def layout_tables(spec: SweepSpec, views: list[RunView]) -> list[Table]:
+    tables = []
+    for tspec in spec.report.tables:
+        chosen = [v for v in views if _matches(v, tspec.where)]
+        groups: dict[tuple, list[RunView]] = {}
+        for v in chosen:
+            groups.setdefault(tuple(repr(v.axes.get(k)) for k in tspec.group_by), []).append(v)
+        for key, members in groups.items():
+            tables.append(_one_table(spec, tspec, members))
+    return tables
+
+
+def _one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView]) -> Table:
+    col_axis = tspec.columns
+    extra = _varying(members, set(tspec.group_by) | {col_axis})
+    columns: dict[tuple, list[RunView]] = {}
+    for v in sorted(members, key=lambda v: (_sort_key(v.axes.get(col_axis)), [repr(v.axes.get(k)) for k in extra])):
+        columns.setdefault((repr(v.axes.get(col_axis)), *[repr(v.axes.get(k)) for k in extra]), []).append(v)
+    group_label = _label(members[0].axes, list(tspec.group_by)) if tspec.group_by else ""
+    title = tspec.title or group_label or spec.name
+    if tspec.title and group_label and len(tspec.group_by) and tspec.where.keys() != set(tspec.group_by):
+        title = f"{tspec.title} ({group_label})" if group_label not in tspec.title else tspec.title
+    labels = []
+    for runs in columns.values():
+        label = _label(runs[0].axes, [col_axis])
+        if extra:
+            label += " (" + _label(runs[0].axes, extra) + ")"
+        labels.append(label)
+    if spec.report.kind == "memory":
+        rows = [("Peak memory (MB)", [_memory_cell(runs) for runs in columns.values()]),
+                ("Published (MB)", [_ref_memory(runs) for runs in columns.values()])]
+        return Table(title=title, columns=labels, rows=rows, runs=list(columns.values()))
+    rows = [("Train", [_loss_cell(runs, "final_train_loss") for runs in columns.values()]),
+            ("Test", [_loss_cell(runs, "final_eval_loss") for runs in columns.values()]),
+            ("Epochs", [_epochs_cell(runs) for runs in columns.values()])]
+    if any(getattr(r.row, "final_eval_accuracy", None) is not None for runs in columns.values() for r in runs):
+        rows.append(("Test accuracy", [_loss_cell(runs, "final_eval_accuracy") for runs in columns.values()]))
+    notes = []
+    repeated = [label for label, runs in zip(labels, columns.values()) if _max_epochs(runs) > 1]
+    if repeated:
+        most = max(_max_epochs(runs) for runs in columns.values())
+        notes.append(f"Data repeated: {', '.join(repeated)} saw the training data more than once (up to {most:.1f} "
+                     "epochs), so their test − train gap includes memorisation and the budget compares unequal data.")
+    if any(r[0].reference for r in columns.values()):
+        rows.append(("Train (published)", [_ref_cell(runs, "train") for runs in columns.values()]))
+        rows.append(("Test (published)", [_ref_cell(runs, "eval") for runs in columns.values()]))
+        rows.append(("Test − published", [_diff_cell(runs) for runs in columns.values()]))
+    seeds = [len(runs) for runs in columns.values()]
+    if max(seeds, default=1) > 1:
+        spreads = [_mean_std([r.row.final_eval_loss for r in runs if r.row.final_eval_loss is not None])[1]
+                   for runs in columns.values() if sum(r.row.final_eval_loss is not None for r in runs) > 1]
+        spreads = [s for s in spreads if s is not None]
+        if spreads:
+            notes.append(f"Noise floor: seed std of test loss up to {max(spreads):.3f}; "
+                         "differences smaller than that are not wins.")
+    notes += run_notes([v for runs in columns.values() for v in runs])
+    notes.append("Losses are token-weighted cross-entropy in nats (the studies averaged per-batch means).")
+    return Table(title=title, columns=labels, rows=rows, runs=list(columns.values()), notes=notes)
+
+
+# ---------------------------------------------------------------- cells
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def _mean_std(values: list[float]) -> tuple[float, float | None]:
+    return (statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None)
+
+
+def _status_of(runs: list[RunView]) -> str | None:
+    """A status word for a cell whose runs have no final loss yet (or ended without one)."""
+    statuses = {r.row.status for r in runs}
+    for s in ("oom", "diverged", "pruned", "running", "failed", "preempted", "pending", "cancelled"):
+        if s in statuses and all(r.row.status != "completed" for r in runs):
+            return s
+    return None
+
+
+def _completed(runs: list[RunView], column: str) -> list[float]:
+    """The column's values of the runs that completed with one (a cell's, or a configuration's, numbers)."""
+    return [getattr(r.row, column) for r in runs if r.row.status == "completed" and getattr(r.row, column) is not None]
+
+
+def _loss_cell(runs: list[RunView], column: str) -> str:
+    values = _completed(runs, column)
+    if not values:
+        return _status_of(runs) or "-"
+    mean, std = _mean_std(values)
+    return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f}"
+
+
+def _epochs_of(runs: list[RunView]) -> list[float]:
+    return [r.row.epochs for r in runs if r.row.epochs is not None]
+
+
+def _max_epochs(runs: list[RunView]) -> float:
+    return max(_epochs_of(runs), default=0.0)
+
+
+def _epochs_cell(runs: list[RunView]) -> str:
+    values = _epochs_of(runs)
+    return f"{statistics.fmean(values):.2f}" if values else "-"
+
+
+def _ref_cell(runs: list[RunView], which: str) -> str:
+    ref = runs[0].reference
+    return _fmt(getattr(ref, which)) if ref is not None else ""
+
+
+def _diff_cell(runs: list[RunView]) -> str:
+    ref = runs[0].reference
+    values = _completed(runs, "final_eval_loss")
+    if ref is None or ref.eval is None or not values:
+        return ""
+    return f"{statistics.fmean(values) - ref.eval:+.2f}"
+
+
+def _memory_cell(runs: list[RunView]) -> str:
+    r = runs[0].row
+    if r.status == "oom":
+        return "OOM"
+    if r.status == "completed" and r.peak_memory_mb is not None:
+        return f"{r.peak_memory_mb:.0f}"
+    return r.status
+
+
+def _ref_memory(runs: list[RunView]) -> str:
+    ref = runs[0].reference
+    if ref is None or ref.memory_mb is None:
+        return ""
+    return ref.memory_mb if isinstance(ref.memory_mb, str) else f"{ref.memory_mb:.0f}"
