@@ -86,9 +86,7 @@ class Trainer:
                 wrapped, device_ids=[device.index] if device.type == "cuda" else None)
         self.wrapped = torch.compile(wrapped) if self.compiled else wrapped
 
-        self.progress = Progress(micro_batch=trial.batch_size, grad_accum=trial.grad_accum)
-        if self.hardware.get("mismatch"):
-            self.progress.notes["hardware"] = self.hardware
+        self.progress.micro_batch, self.progress.grad_accum = trial.batch_size, trial.grad_accum  # a fresh run's
         self.ckpt_path = run_dir(settings, trial) / "checkpoint.pt"
         self.identity = {"db_id": settings.db_id, "run_id": settings.run_id, "fingerprint": trial.fingerprint()}
 
@@ -183,8 +181,8 @@ class Trainer:
             progress.notes["process_cpu"]["total"] = round(time.process_time(), 3)
         seconds = clock.elapsed()
         tps = progress.tokens / seconds if seconds > 0 else None
-        flops_per_token = self.flops_per_token if mfu else None
-        peak_flops = bud.peak_flops(self.device_name if mfu else None)
+        flops_per_token = self.flops_per_token if mfu else None  # an OOM's throughput says nothing of its MFU
+        peak_flops = bud.peak_flops(self.device_name) if flops_per_token else None
         outcome = dict(
             status=status, error=error, steps=progress.step, tokens=progress.tokens, samples=progress.samples,
             train_seconds=seconds, eval_seconds=clock.meters.get("eval", 0.0),
