@@ -635,7 +635,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 @command("generate")
 def cmd_generate(args: argparse.Namespace) -> int:
-    from ablate.generate import complete, load_run_model
+    from ablate.train.generate import complete, load_run_model
 
     trial, model, tokenizer = load_run_model(args.run, args.db, args.artifacts)
     text = complete(model, tokenizer, args.prompt, trial.context, args.max_new, args.top_k, args.temperature, args.seed)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ablate import budget as bud
+from ablate.train import budget as bud
 from ablate import models
 from ablate.objectives import causal_lm_loss
 from ablate.config import TrialConfig

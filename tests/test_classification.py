@@ -94,7 +94,7 @@ def test_training_records_test_accuracy_and_fits_the_training_labels(tmp_path, s
         assert out["status"] == "completed" and math.isfinite(run.final_eval_loss)
         assert run.final_eval_accuracy in {0.0, 0.2, 0.4, 0.6, 0.8, 1.0}  # 5 held-out reviews
         # it learns the labels it is given: the trained model classifies its 10 training reviews right
-        from ablate.generate import load_checkpoint_model
+        from ablate.train.generate import load_checkpoint_model
 
         model = load_checkpoint_model(Path(run.checkpoint_path), t, 320).eval()
         p = prepared(tmp_path, t)

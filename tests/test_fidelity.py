@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from ablate import budget as bud
+from ablate.train import budget as bud
 from ablate import objectives, store
 from ablate.config.errors import SpecError
 from ablate.config import RECIPES, TrialConfig, describe_recipe, fingerprint, load_spec, load_trials, parse_spec

@@ -184,8 +184,8 @@ class _Exploit:
 
 def test_checkpoints_load_weights_only_and_a_crafted_one_runs_no_code(tmp_path, capsys):
     from ablate.cli import main
-    from ablate.generate import load_run_model
-    from ablate.runstate import load_checkpoint
+    from ablate.train.generate import load_run_model
+    from ablate.train.checkpoint import load_checkpoint
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
     trial = make_trial(budget={"steps": 5})

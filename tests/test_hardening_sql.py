@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from ablate import results, sqlguard, store
+from ablate import results, store
+from ablate.results import sqlguard
 from ablate.cli import main
 from ablate.config.errors import AblateError
 from ablate.config import load_trials

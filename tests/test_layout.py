@@ -112,7 +112,8 @@ def test_config_imports_nothing_of_ablate_outside_config():
 
 
 @pytest.mark.parametrize("layer", ["ablate.config", "ablate.store", "ablate.runner", "ablate.results",
-                                   "ablate.data.tokencache"])  # checks a built token cache, under a lazy face
+                                   "ablate.data.tokencache",  # checks a built token cache, under a lazy face
+                                   "ablate.train.budget"])  # the budget clock: planning and the search loop read it
 def test_torch_free_layers_never_import_torch(layer):
     """Imported in a fresh interpreter with every module of the folder, and a spec read and expanded."""
     folder = ROOT / Path(*layer.split("."))
@@ -130,7 +131,9 @@ def test_torch_free_layers_never_import_torch(layer):
 
 @pytest.mark.parametrize("old, name", [("ablate.spec", "TrialConfig"), ("ablate.spec", "_same"),
                                        ("ablate.errors", "AblateError"), ("ablate.specfile", "read_yaml"),
-                                       ("ablate.tokencache", "cache_intact")])
+                                       ("ablate.tokencache", "cache_intact"), ("ablate.runstate", "Recorder"),
+                                       ("ablate.runstate", "load_checkpoint"), ("ablate.sqlguard", "check"),
+                                       ("ablate.budget", "lr_at")])
 def test_an_old_import_path_still_works_and_says_where_it_went(old, name):
     code = (f"import warnings; warnings.simplefilter('always')\n"
             f"with warnings.catch_warnings(record=True) as w:\n"

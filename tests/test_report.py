@@ -188,7 +188,7 @@ def test_generate_without_a_checkpoint_is_a_clear_error(tmp_path):
     url = f"sqlite:///{tmp_path / 'r.db'}"
     _, _, ids = runner.register(spec, url)
     from ablate.config.errors import AblateError
-    from ablate.generate import load_run_model
+    from ablate.train.generate import load_run_model
 
     with pytest.raises(AblateError, match="has no checkpoint"):
         load_run_model(ids[0], url)
@@ -273,7 +273,7 @@ def test_completions_decode_whole_characters(tmp_path):
     import torch
 
     from ablate.data import get_tokenizer
-    from ablate.generate import complete
+    from ablate.train.generate import complete
     from ablate.config import DatasetRef, TokenizerRef
 
     tok = get_tokenizer(TokenizerRef(vocab_size=300), DatasetRef(source="ablate:tinystories-sample"), tmp_path, False)

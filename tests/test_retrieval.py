@@ -14,7 +14,7 @@ from ablate import models, store
 from ablate import retrieval as R
 from ablate.data import SEPARATOR, get_tokenizer
 from ablate.config.errors import AblateError
-from ablate.generate import load_checkpoint_model, load_checkpoint_tokenizer
+from ablate.train.generate import load_checkpoint_model, load_checkpoint_tokenizer
 from ablate.config import TrialConfig
 from ablate.train import Settings, train
 

@@ -88,7 +88,8 @@ def test_the_run_row_keeps_the_latest_points_and_status_never_reads_the_metrics(
 
 
 def test_a_new_attempt_from_step_0_clears_the_latest_points(tmp_path, sqlite_url):
-    from ablate.runstate import Recorder, Settings
+    from ablate.train.recorder import Recorder
+    from ablate.train.state import Settings
 
     ids = registered_grid(tmp_path, sqlite_url, 1)
     engine = store.connect(sqlite_url)

@@ -350,7 +350,7 @@ def test_two_workers_on_one_study_make_exactly_n_trials(db_url, tmp_path, artifa
 
 @pytest.mark.slow
 def test_a_trial_whose_trainer_fails_is_fail_and_the_study_goes_on(sqlite_url, tmp_path, artifacts):
-    from ablate.runstate import Settings, run_dir
+    from ablate.train.state import Settings, run_dir
 
     spec = parse_spec(tiny(n_trials=2, parameters={"lr": {"type": "float", "low": 1.0e-4, "high": 3.0e-2, "log": True}}))
     study = search.create_study(spec, sqlite_url)

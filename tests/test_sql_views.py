@@ -57,7 +57,7 @@ def test_run_results_carries_error_options_attempts_study_precision_and_accuracy
 
 
 def test_eval_rows_record_their_eval_at_point(url, tmp_path, capsys):
-    from ablate.runstate import Settings
+    from ablate.train.state import Settings
     from ablate.train import train
 
     trial = make_trial(budget={"steps": 12}, eval={"at": [0.25, 0.5]})

@@ -17,7 +17,8 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from ablate import budget, runner, store
+from ablate import runner, store
+from ablate.train import budget
 from ablate.cli import main
 from ablate.config.errors import AblateError, SpecError
 from ablate.config.overrides import apply_overrides
@@ -114,7 +115,7 @@ def test_sigterm_during_warm_up_stops_the_trainer_at_once(sqlite_url, tmp_path):
 # did: a CI run's trainer went on compiling and started training after the signal); the watcher must end it.
 SWALLOWING_STARTUP = """
 import sys, time
-from ablate.stopping import StopSignal
+from ablate.train.stopping import StopSignal
 stop = StopSignal(grace=float(sys.argv[2]))
 stop.install(lambda: open(sys.argv[1], "w").write("recorded by the watcher"))
 ready = False
@@ -146,7 +147,7 @@ def test_a_sigterm_that_start_up_code_swallows_still_ends_the_trainer_after_the_
 
 
 def test_a_sigterm_whose_handler_ran_late_stops_start_up_before_training_begins():
-    from ablate.stopping import Stopped, StopSignal
+    from ablate.train.stopping import Stopped, StopSignal
 
     stop = StopSignal()
     stop.flag = True  # the handler ran, but what it raised never reached the trainer's start-up code
@@ -302,7 +303,8 @@ def test_status_says_when_a_running_row_is_stale(sqlite_url, capsys):
 # its Recorder as a real trainer does.
 STUCK_TRAINER = """
 import signal, sys, time
-from ablate.runstate import Recorder, Settings
+from ablate.train.recorder import Recorder
+from ablate.train.state import Settings
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 Recorder(Settings(db_url=sys.argv[1], run_id=int(sys.argv[2]), claimant=sys.argv[3]), True)
 print("ready", flush=True)

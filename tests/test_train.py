@@ -16,7 +16,7 @@ import sqlalchemy as sa
 import torch
 
 from ablate import store
-from ablate.budget import lr_at
+from ablate.train.budget import lr_at
 from ablate.config.errors import AblateError
 from ablate.config import TrialConfig
 from ablate.train import Settings, train

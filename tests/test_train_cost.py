@@ -97,7 +97,7 @@ def test_losses_logged_every_step_are_read_from_the_device_together(tmp_path, sq
 def test_a_run_that_runs_out_of_memory_mid_training_keeps_the_points_not_yet_read(tmp_path, sqlite_url, monkeypatch):
     # OOM is a result (the studies' OOM cells): its curve up to the OOM is recorded, not left unread on the device
     from ablate.train import loop as train_mod  # where the loop looks check_memory up
-    from ablate.runstate import SimulatedOOM
+    from ablate.train.device import SimulatedOOM
 
     calls = {"n": 0}
 

@@ -21,7 +21,7 @@ def prompt_completions(views: list[RunView], prompt: str, url: str | None, artif
                   and v.axes.get("objective", "clm") in ("clm", "multi_token")]  # a next-token head to sample from
     if not candidates:
         return [], 0  # no model to load: torch is not even imported
-    from ablate.generate import complete, load_run_model, run_checkpoint
+    from ablate.train.generate import complete, load_run_model, run_checkpoint
 
     reachable = []
     for v in candidates:

@@ -9,7 +9,7 @@ from typing import Any
 from ablate import store
 from ablate.config import RetrievalPlan, RetrievalSettings, TrialConfig
 from ablate.config.errors import AblateError
-from ablate.generate import load_checkpoint_model, load_checkpoint_tokenizer, run_checkpoint
+from ablate.train.generate import load_checkpoint_model, load_checkpoint_tokenizer, run_checkpoint
 from ablate.retrieval.embed import embed_texts
 from ablate.retrieval.pairs import _columns
 from ablate.retrieval.training import train_retrieval

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ablate.budget import lr_at
+from ablate.train.budget import lr_at
 from ablate.config import RetrievalSettings
 from ablate.config.errors import AblateError
 from ablate.retrieval.mixer import RetrievalMixer

@@ -13,7 +13,7 @@ import time
 import optuna
 import sqlalchemy as sa
 
-from ablate import budget as bud
+from ablate.train import budget as bud
 from ablate import runner, store
 
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ablate import store
 from ablate.config import TrialConfig
 from ablate.config.errors import AblateError
-from ablate.runstate import Dist, Settings
+from ablate.train.state import Dist, Settings
 from ablate.train.loop import train
 
 

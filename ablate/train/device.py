@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import resource
 from typing import Any
 
 import torch
 
 from ablate.config import HARDWARE_PROFILES, TrialConfig
-from ablate.runstate import Dist, Settings
+from ablate.train.state import Dist, Settings
 
 
 def pick_device(settings: Settings, dist_: Dist) -> torch.device:
@@ -84,3 +85,25 @@ def _to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         batch = batch.pin_memory()
     return batch.to(device, non_blocking=True)
+
+
+class SimulatedOOM(RuntimeError):
+    """The configured memory cap was exceeded (how an OOM is reproduced on CPU or a larger GPU)."""
+
+
+
+def check_memory(device: torch.device, cap_mb: float | None) -> None:
+    if cap_mb is not None and device.type == "cpu":
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        if peak_mb > cap_mb:
+            raise SimulatedOOM(f"peak memory {peak_mb:.0f} MB exceeded the cap of {cap_mb:.0f} MB")
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, (torch.OutOfMemoryError, SimulatedOOM)) or "out of memory" in str(exc).lower()

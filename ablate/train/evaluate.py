@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ablate.config import TrialConfig
-from ablate.runstate import Dist
+from ablate.train.state import Dist
 from ablate.train.device import _to_device, autocast
 
 

@@ -21,11 +21,14 @@ from typing import Any
 
 import torch
 
-from ablate import budget as bud
+from ablate.train import budget as bud
 from ablate.config import TrialConfig
 from ablate.config.errors import AblateError
-from ablate.runstate import Dist, PendingLosses, Settings, check_memory, is_oom, load_checkpoint, rng_state, set_rng_state
-from ablate.stopping import Stopped, StopSignal
+from ablate.train.checkpoint import load_checkpoint, rng_state, set_rng_state
+from ablate.train.device import check_memory, is_oom
+from ablate.train.recorder import PendingLosses
+from ablate.train.state import Dist, Settings
+from ablate.train.stopping import Stopped, StopSignal
 from ablate.train.evaluate import evaluate
 from ablate.train.optim import shrink
 from ablate.train.points import checkpoint, final_train_loss, progress_bar, record_losses

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ablate.config import TrialConfig
-from ablate.runstate import Progress
+from ablate.train.state import Progress
 
 
 def make_optimizer(model: torch.nn.Module, trial: TrialConfig, device: torch.device,

@@ -13,7 +13,9 @@ import torch.distributed as dist
 
 from ablate.config import TrialConfig
 from ablate.config.errors import AblateError
-from ablate.runstate import Progress, Recorder, save_checkpoint
+from ablate.train.checkpoint import save_checkpoint
+from ablate.train.recorder import Recorder
+from ablate.train.state import Progress
 
 
 def record_losses(points: list[tuple[dict[str, Any], float, float]], progress: Progress, recorder: Recorder,

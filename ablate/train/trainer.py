@@ -12,13 +12,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ablate import budget as bud
+from ablate.train import budget as bud
 from ablate import data as data_mod
 from ablate import models, objectives, store
 from ablate.config import TrialConfig
 from ablate.config.errors import AblateError
-from ablate.runstate import (Batches, Dist, Progress, Recorder, Settings, check_memory, is_oom, load_checkpoint,
-                             peak_memory_mb, run_dir, set_rng_state)
+from ablate.train.checkpoint import load_checkpoint, set_rng_state
+from ablate.train.device import check_memory, is_oom, peak_memory_mb
+from ablate.train.recorder import Recorder
+from ablate.train.state import Batches, Dist, Progress, Settings, run_dir
 from ablate.train.device import (_null, _to_device, autocast, hardware_check, pick_device, prepare_device,
                                  resolve_precision)
 from ablate.train.optim import make_optimizer, plain_step
