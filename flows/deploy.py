@@ -17,6 +17,7 @@ from prefect import flow
 from ablate import store
 from ablate.config.errors import AblateError
 from ablate.config import load_spec
+from ablate.config.settings import environment
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEP_POOL = "sweeps"
@@ -44,7 +45,6 @@ def ensure_zombie_automation() -> str:
     seconds (Prefect's default: 180); silence for ABLATE_ZOMBIE_SECONDS (default three beats, at least 540 s: a
     server restart shorter than that loses heartbeats without crashing anything) makes a zombie. Created or
     updated; a sentence for `say`."""
-    import os
     import datetime as dt
 
     from prefect.automations import Automation
@@ -55,7 +55,7 @@ def ensure_zombie_automation() -> str:
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
     beat = PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() or 180
-    silent = int(float(os.environ.get("ABLATE_ZOMBIE_SECONDS", 0)) or max(3 * beat, 540))
+    silent = int(environment().zombie_seconds or max(3 * beat, 540))
     ended = {f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed")}
     wanted = Automation(
         name=ZOMBIES,
@@ -80,7 +80,6 @@ def wait_for_api(timeout: float | None = None, say: Any = print) -> str:
     """Wait until the Prefect API at PREFECT_API_URL answers (a server that is still starting, as in docker
     compose); its URL. An AblateError saying what to do when none is set, or none answers within `timeout`
     seconds (default $ABLATE_DEPLOY_WAIT or 120)."""
-    import os
     import time
 
     from prefect.client.orchestration import get_client
@@ -90,7 +89,7 @@ def wait_for_api(timeout: float | None = None, say: Any = print) -> str:
     if not url:
         raise AblateError("PREFECT_API_URL is not set: deployments go to a Prefect server. Start one (`prefect server "
                           "start`) and set PREFECT_API_URL=http://HOST:4200/api")
-    timeout = float(os.environ.get("ABLATE_DEPLOY_WAIT", "120")) if timeout is None else timeout
+    timeout = environment().deploy_wait if timeout is None else timeout
     deadline, next_say = time.monotonic() + timeout, time.monotonic() + 5
     while True:
         with get_client(sync_client=True) as client:

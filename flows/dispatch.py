@@ -25,7 +25,6 @@ What a cluster does to trials, and what happens here (every `POLL_SECONDS`):
 from __future__ import annotations
 
 import datetime as dt
-import os
 import time
 from collections import Counter
 from typing import Any
@@ -34,9 +33,10 @@ import sqlalchemy as sa
 
 from ablate import runner, store
 from ablate.config.errors import AblateError
+from ablate.config.settings import environment
 
-POLL_SECONDS = float(os.environ.get("ABLATE_DISPATCH_POLL_SECONDS", "5"))
-API_OUTAGE_SECONDS = float(os.environ.get("ABLATE_API_OUTAGE_SECONDS", "900"))  # a Prefect server restart ridden out
+POLL_SECONDS = environment().dispatch_poll_seconds
+API_OUTAGE_SECONDS = environment().api_outage_seconds  # a Prefect server restart ridden out
 SETTLED = ("pending", "preempted", "running")  # row statuses that are not an outcome yet
 WORKER_CHECK_SECONDS = 60.0  # how often a sweep whose trials wait re-checks that their pool has a live worker
 MAX_DISPATCHES = 5  # flow runs per run within one sweep flow run (each resumes the last one's checkpoint)

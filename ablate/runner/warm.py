@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.runner import host
+from ablate.config.settings import environment
 
 READY_SECONDS = 300.0  # a loaded host may take a while to import torch; past this the runner goes cold
 ANSWER_SECONDS = 60.0  # a fork is quick: a helper silent this long after a request is stopped, the trial goes cold
@@ -264,7 +265,7 @@ _GPUS: int | None = None
 
 def enabled() -> bool:
     """Whether this host forks trainers from a warm helper (Linux, no visible GPU, not ABLATE_WARM_TRAINER=0)."""
-    if os.environ.get("ABLATE_WARM_TRAINER", "").strip() == "0" or _FAILED:
+    if not environment().warm_trainer or _FAILED:
         return False
     if not sys.platform.startswith("linux"):  # fork after importing torch is unsafe on macOS
         return False

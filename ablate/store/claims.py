@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from ablate.config.errors import AblateError
 from ablate.store.engine import describe_url, session_factory
 from ablate.store.schema import OWED_UNSTARTED, Metric, Run, utcnow
+from ablate.config.settings import environment
 
 def update_run(engine: sa.Engine, run_id: int, claimant: str | None = None, **fields: Any) -> bool:
     """Set columns of a run; with `claimant`, only while that process still holds the run's claim.
@@ -35,8 +36,8 @@ HEARTBEAT_SECONDS = STALE_SECONDS = 0.0
 def read_timing_env() -> None:
     """Set HEARTBEAT_SECONDS and STALE_SECONDS from the environment (at import, and in a forked trainer)."""
     global HEARTBEAT_SECONDS, STALE_SECONDS
-    HEARTBEAT_SECONDS = float(os.environ.get("ABLATE_HEARTBEAT_SECONDS", "10"))
-    STALE_SECONDS = float(os.environ.get("ABLATE_STALE_SECONDS", "90"))
+    HEARTBEAT_SECONDS = environment().heartbeat_seconds
+    STALE_SECONDS = environment().stale_seconds
 
 
 read_timing_env()

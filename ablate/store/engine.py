@@ -4,7 +4,6 @@ what its errors mean to a user (passwords redacted)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 import urllib.parse
@@ -19,13 +18,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ablate.config.errors import AblateError
 from ablate.store.schema import Meta
+from ablate.config.settings import environment
 
 DEFAULT_URL = "sqlite:///results/ablate.db"
 
 
 def resolve_url(url: str | None = None) -> str:
     """--db beats ABLATE_DB_URL beats the default SQLite file; a bare path means a SQLite file."""
-    url = url or os.environ.get("ABLATE_DB_URL") or DEFAULT_URL
+    url = url or environment().db_url or DEFAULT_URL
     if "://" not in url:  # a path may hold URL syntax (`%`, `?`, `#`): escaped, the URL names that very file
         url = "sqlite:///" + url.replace("%", "%25").replace("?", "%3F").replace("#", "%23")
     return url

@@ -10,7 +10,6 @@ docker-compose.yml makes it at the database's first start.
 
 from __future__ import annotations
 
-import os
 from functools import cache
 
 import sqlalchemy as sa
@@ -19,6 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ablate.config.errors import AblateError
 from ablate.store.engine import describe_url, make_engine, redact, resolve_url
 from ablate.store.migrate import READER_ROLE
+from ablate.config.settings import environment
 
 ENV = "ABLATE_READ_URL"
 
@@ -36,7 +36,7 @@ FROM pg_roles r WHERE r.rolname = current_user
 
 
 def read_url() -> str | None:
-    return os.environ.get(ENV) or None
+    return environment().read_url
 
 
 def advice(url: str | None) -> str | None:

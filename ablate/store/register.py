@@ -4,7 +4,6 @@ each run gets (code and library versions), and dropping runs an edited grid no l
 from __future__ import annotations
 
 import json
-import os
 import platform
 import time
 from collections.abc import Iterable
@@ -17,6 +16,7 @@ from sqlalchemy.orm import Session
 from ablate.config.errors import AblateError
 from ablate.store.engine import session_factory
 from ablate.store.schema import OWED_UNSTARTED, Metric, Run, Sweep, utcnow
+from ablate.config.settings import environment
 
 def library_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
@@ -36,7 +36,7 @@ def code_version() -> str | None:
     import subprocess
 
     root = Path(__file__).resolve().parents[2]  # ablate/store/register.py -> the checkout
-    stamp = os.environ.get("ABLATE_CODE_VERSION") or None
+    stamp = environment().code_version
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
         if sha.returncode != 0:

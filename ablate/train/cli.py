@@ -19,6 +19,7 @@ from ablate.config import TrialConfig
 from ablate.config.errors import AblateError
 from ablate.train.state import Dist, Settings
 from ablate.train.loop import train
+from ablate.config.settings import environment
 
 
 def _init_dist() -> Dist:
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--run-id", type=int, help="train this run of the results DB")
     src.add_argument("--config", help="a trial config as JSON (or @file.json); nothing is recorded without --run-id")
     p.add_argument("--db", default=None, help="results database URL (default: $ABLATE_DB_URL or results/ablate.db)")
-    p.add_argument("--artifacts", default=os.environ.get("ABLATE_ARTIFACTS", "results/artifacts"))
+    p.add_argument("--artifacts", default=str(environment().artifacts))
     p.add_argument("--checkpoint-every", type=float, default=None,
                    help="seconds between checkpoints (default: a tenth of the run's expected length, 30 s to 10 min)")
     p.add_argument("--memory-cap-mb", type=float, default=None, help="treat peak memory above this as OOM")
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _claim(engine: Any, run: store.Run, dist_: Dist) -> str | None:
     """The claim this trainer runs under: the runner's (ABLATE_CLAIMANT), checked, or, started by hand, its own."""
-    claimant = os.environ.get("ABLATE_CLAIMANT")
+    claimant = environment().claimant
     if claimant is not None:
         if run.claimed_by != claimant:
             raise AblateError(f"run {run.id} is claimed by {run.claimed_by}, not by the runner that started this trainer "

@@ -7,7 +7,6 @@ the studies describe (its last output position is never trained, so generation s
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -16,10 +15,11 @@ from ablate import objectives, store
 from ablate.config.errors import AblateError
 from ablate.train.checkpoint import load_checkpoint
 from ablate.config import TrialConfig
+from ablate.config.settings import environment
 
 
 def default_artifacts() -> Path:
-    return Path(os.environ.get("ABLATE_ARTIFACTS", "results/artifacts"))
+    return environment().artifacts
 
 
 def run_checkpoint(run: store.Run, artifacts: str | Path | None = None) -> Path:

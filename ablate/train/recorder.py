@@ -15,10 +15,11 @@ import torch.distributed as dist
 
 from ablate import store
 from ablate.train.state import Dist, Settings
+from ablate.config.settings import environment
 
 
 # seconds a trainer told to stop (a cancel, its runner gone) may take to checkpoint and end before it is killed
-CANCEL_GRACE_SECONDS = float(os.environ.get("ABLATE_CANCEL_GRACE_SECONDS", "120"))
+CANCEL_GRACE_SECONDS = environment().cancel_grace_seconds
 
 
 
@@ -69,8 +70,7 @@ class Recorder:
         self.lost = False
         self.stop_reason: str | None = None  # why this trainer was told to stop: "cancelled" or "orphaned"
         self._stop_beating = threading.Event()
-        runner_pid = os.environ.get("ABLATE_RUNNER_PID", "")
-        self._runner_pid = int(runner_pid) if runner_pid.isdigit() else None
+        self._runner_pid = environment().runner_pid
         if self.engine is not None and self.claimant is not None:
             threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
 

@@ -16,8 +16,9 @@ import signal
 import threading
 import time
 from typing import Any, Callable
+from ablate.config.settings import environment
 
-STOP_GRACE_SECONDS = float(os.environ.get("ABLATE_STOP_GRACE_SECONDS", "5"))
+STOP_GRACE_SECONDS = environment().stop_grace_seconds
 
 
 class Stopped(BaseException):
