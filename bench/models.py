@@ -23,7 +23,7 @@ from einops import rearrange
 
 from ablate import models
 from ablate.models.mixer import SequenceMixing
-from ablate.objectives import causal_lm_loss
+from ablate.objectives.base import causal_lm_loss
 from ablate.config import TrialConfig
 
 VOCAB = 4096  # the studies' TinyStories tokenizer

@@ -26,7 +26,7 @@ import torch
 
 from ablate.train import budget as bud
 from ablate import models
-from ablate.objectives import causal_lm_loss
+from ablate.objectives.base import causal_lm_loss
 from ablate.config import TrialConfig
 
 VOCAB = 4096

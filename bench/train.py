@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ablate import models, objectives
+from ablate import models
+from ablate.objectives import base as objectives
 from ablate.data import prepare
 from ablate.config import TrialConfig
 from ablate.train import Settings, train

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from ablate import objectives, store
+from ablate import store
+from ablate.objectives import base as objectives
 from ablate.config.errors import AblateError, SpecError
 from ablate.config import TrialConfig, load_trials, parse_spec
 
@@ -40,11 +41,11 @@ def test_labelled_rows_carry_each_reviews_class_at_its_last_token(tmp_path):
     ids, labels = p.train.batch(np.arange(10))
     marked = labels != objectives.IGNORE_INDEX
     assert marked.sum(1).tolist() == [1] * 10  # one target per review
-    lengths, classes = objectives._module("classification").rows_of(labels)
+    lengths, classes = objectives.module("classification").rows_of(labels)
     assert classes.tolist() == LABELS[:10]
     assert lengths.tolist() == p.train.lengths[:10].tolist()  # reviews longer than the context are cut at it
     _, eval_labels = p.eval.batch(np.arange(5))
-    assert objectives._module("classification").rows_of(eval_labels)[1].tolist() == LABELS[10:]
+    assert objectives.module("classification").rows_of(eval_labels)[1].tolist() == LABELS[10:]
 
 
 def test_the_loss_is_cross_entropy_of_the_pooled_class_scores_and_counts_what_it_got_right(tmp_path):

@@ -15,7 +15,8 @@ import torch
 import yaml
 
 from ablate.train import budget as bud
-from ablate import objectives, store
+from ablate import store
+from ablate.objectives import base as objectives
 from ablate.config.errors import SpecError
 from ablate.config import RECIPES, TrialConfig, describe_recipe, fingerprint, load_spec, load_trials, parse_spec
 

@@ -17,7 +17,7 @@ from einops import rearrange
 from ablate import models
 from ablate.models.mixer import SequenceMixing
 from ablate.models.mod import RoutedLayer
-from ablate.objectives import causal_lm_loss
+from ablate.objectives.base import causal_lm_loss
 from ablate.config import TrialConfig
 
 VOCAB, BATCH, CONTEXT = 64, 2, 16

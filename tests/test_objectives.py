@@ -7,14 +7,15 @@ import math
 import pytest
 import torch
 
-from ablate import objectives, store
+from ablate import store
 from ablate.config.errors import SpecError
-from ablate.config import OBJECTIVE_ARCHITECTURES, OBJECTIVES, TrialConfig, parse_spec
+from ablate.config import TrialConfig, parse_spec, registry
+from ablate.objectives import base as objectives
 from ablate.train import Settings, train
 
 VOCAB, T = 50, 12
 # the objectives over token streams; classification reads labelled documents (tests/test_classification.py)
-TOKEN_OBJECTIVES = tuple(o for o in OBJECTIVES if o != "classification")
+TOKEN_OBJECTIVES = tuple(o for o in registry.objectives() if o != "classification")
 ARCHS = ("mixer", "llama")
 
 
@@ -132,7 +133,7 @@ def test_autoencoder_decoder_sees_the_input_only_through_one_vector(arch, monkey
 # ---------------------------------------------------------------- learning
 
 
-CASES = [(a, o) for o in TOKEN_OBJECTIVES for a in ARCHS if OBJECTIVE_ARCHITECTURES[o] is None or a in OBJECTIVE_ARCHITECTURES[o]]
+CASES = [(a, o) for o in TOKEN_OBJECTIVES for a in ARCHS if registry.objective(o).unsupported(a) is None]
 
 
 @pytest.mark.parametrize("arch,objective", CASES)
@@ -222,3 +223,92 @@ def test_the_host_target_count_is_the_count_the_loss_returns(arch, objective):
     with torch.no_grad():
         _, count = objectives.loss_function(t)(model, x, labels)
     assert objectives.target_counter(t)(labels) == int(count)
+
+
+# ---------------------------------------------------------------- the registry is the one place
+
+TOY_OPTIONS = '''
+from pydantic import Field
+
+from ablate.config.units import Frozen, Whole
+
+ARCHITECTURES = ("mixer",)
+
+
+class Options(Frozen):
+    extra: Whole = Field(5, ge=1, description="parameters the toy adds to the model")
+
+
+def check_trial(trial):
+    if trial.layers > 3:
+        raise ValueError("objective 'toy' is for shallow models: layers <= 3")
+
+
+def param_counts(trial, total, inter, vocab, family):
+    return total + trial.objective_settings().extra, inter
+'''
+
+TOY_MODEL = '''
+import torch
+from torch import nn
+
+from ablate.objectives import clm
+
+
+class Toy(nn.Module):
+    def __init__(self, trial, vocab_size):
+        super().__init__()
+        self.model = clm.build(trial, vocab_size)
+        self.extra = nn.Parameter(torch.zeros(trial.objective_settings().extra))
+
+    def forward(self, input_ids):
+        return self.model(input_ids)
+
+
+def build(trial, vocab_size):
+    return Toy(trial, vocab_size)
+
+
+loss, count = clm.loss, clm.count
+'''
+
+
+@pytest.fixture
+def toy_objective(tmp_path, monkeypatch) -> None:
+    """An objective from outside the package: its two files and one register line, nothing else."""
+    (tmp_path / "toy_objective_options.py").write_text(TOY_OPTIONS)
+    (tmp_path / "toy_objective.py").write_text(TOY_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_OBJECTIVES", dict(registry.objectives()))  # the table as it was, after the test
+    registry.register_objective("toy", "toy_objective", "toy_objective_options", "a toy with extra parameters")
+
+
+def test_a_registered_objective_validates_plans_builds_and_is_refused_where_unsupported(toy_objective, tmp_path,
+                                                                                        capsys):
+    import yaml
+
+    from ablate.cli import _param_counts, main
+    from ablate.config import load_trials
+
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(spec_with_objective("mixer", "toy", objective_options={"extra": 7})))
+    _, (t,) = load_trials(path)
+    assert t.objective_settings().extra == 7 and "objective_options.extra" in t.axes()
+    clm_total, clm_inter = _param_counts(t.model_copy(update={"objective": "clm", "objective_options": {}}))
+    assert _param_counts(t) == (clm_total + 7, clm_inter)  # the toy's param_counts, applied by `plan`
+    assert main(["plan", str(path)]) == 0 and "toy(extra=7)" in capsys.readouterr().out
+    built = trial("mixer", "toy", layers=2, objective_options={"extra": 3})
+    assert sum(p.numel() for p in objectives.model_for(built, 384).parameters()) == _param_counts(built)[0]
+    assert objectives.target_counter(built) is objectives.count_next_tokens  # its torch module's, found by name
+
+    for data, needle in [
+        (spec_with_objective("llama", "toy"), "grid[0].objective: objective 'toy' is built for architectures "
+                                              "'mixer', not 'llama'; use one of those or objective: clm"),
+        (spec_with_objective("mixer", "toy", layers=4), "grid[0].objective: objective 'toy' is for shallow models"),
+        (spec_with_objective("mixer", "toy", objective_options={"extras": 1}), "did you mean 'extra'"),
+        (spec_with_objective("mixer", "toyy"), "unknown objective 'toyy' (did you mean 'toy'?)"),
+    ]:
+        path.write_text(yaml.safe_dump(data))
+        with pytest.raises(SpecError) as info:
+            load_trials(path)
+        assert needle in str(info.value), (needle, str(info.value))

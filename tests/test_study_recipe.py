@@ -15,7 +15,8 @@ import pytest
 import torch
 import yaml
 
-from ablate import objectives, runner, store
+from ablate import runner, store
+from ablate.objectives import base as objectives
 from ablate.data import prepare
 from ablate.config.errors import SpecError
 from ablate.config import TrialConfig, describe_recipe, load_spec, load_trials, parse_spec

@@ -3,8 +3,9 @@
     errors.py     user-facing errors and the "did you mean" helpers every layer uses
     units.py      frozen models, checked numbers, durations and counts, Budget, Horizon, EvalPlan, hardware
     data.py       DatasetRef, TokenizerRef, PairsRef: what a trial reads
-    registry.py   the architecture table, name -> family (the zoo in ablate.models registers itself there)
-    trial.py      TrialConfig and its fingerprint, objectives' options, recipes
+    registry.py   the architecture and objective tables, name -> the modules that know it (ablate.models and
+                  ablate.objectives register the built-ins there)
+    trial.py      TrialConfig and its fingerprint, recipes
     sweep.py      SweepSpec and its blocks: search, report, reference, retrieval
     grid.py       grid expansion into trials
     load.py       load_spec / parse_spec / load_trials: a sweep file, with overrides, validated
@@ -24,7 +25,7 @@ _HOMES = {
     **dict.fromkeys(['MAX_TRIALS', 'count_trials', 'expand_grid', 'report_axes'], 'grid'),
     **dict.fromkeys(['load_spec', 'load_trials', 'override_spec', 'parse_spec'], 'load'),
     **dict.fromkeys(['Ordering', 'Reference', 'ReportBlock', 'RetrievalPlan', 'RetrievalSettings', 'SearchBlock', 'SearchParam', 'SweepSpec', 'TableSpec', 'reference_for'], 'sweep'),
-    **dict.fromkeys(['AXIS_FIELDS', 'GRID_FIELDS', 'OBJECTIVES', 'OBJECTIVE_ARCHITECTURES', 'RECIPES', 'SWEEP_LEVEL_FIELDS', 'TrialConfig', 'describe_recipe', 'fingerprint', 'trial_fingerprint', 'with_recipe'], 'trial'),
+    **dict.fromkeys(['AXIS_FIELDS', 'GRID_FIELDS', 'RECIPES', 'SWEEP_LEVEL_FIELDS', 'TrialConfig', 'describe_recipe', 'fingerprint', 'trial_fingerprint', 'with_recipe'], 'trial'),
     **dict.fromkeys(['Budget', 'EvalPlan', 'HARDWARE_PROFILES', 'Horizon', 'parse_count', 'parse_duration'], 'units'),
 }
 

@@ -1,5 +1,6 @@
 """One trial: every field a run needs, validated and frozen; its fingerprint is the run's identity. Also the
-objectives' options, the optimisation recipes, and the limits that catch typing slips."""
+optimisation recipes and the limits that catch typing slips; architectures and objectives are checked through
+their registry (config.registry)."""
 
 from __future__ import annotations
 
@@ -12,47 +13,7 @@ from pydantic import AfterValidator, Field, ValidationError, model_validator
 from ablate.config import registry
 from ablate.config.data import DatasetRef, TokenizerRef
 from ablate.config.errors import did_you_mean, one_of
-from ablate.config.units import Budget, EvalPlan, Frozen, Horizon, Int32, Real, Whole
-
-OBJECTIVES = ("clm", "bidirectional", "multi_token", "autoencoder", "one_step", "classification")
-# Objectives that rebuild a model from its embedding, block stack and head need those parts exposed
-# (ablate.models: embed / hidden_from_embeds / head / layers); None means every architecture.
-OBJECTIVE_ARCHITECTURES: dict[str, tuple[str, ...] | None] = {
-    "clm": None, "multi_token": None, "classification": None,
-    "bidirectional": ("mixer", "llama"), "autoencoder": ("mixer", "llama"), "one_step": ("mixer", "llama"),
-}
-
-# ---------------------------------------------------------------- trial
-
-
-class MultiTokenOptions(Frozen):
-    n_tokens: Whole = Field(2, ge=2, le=16, description="tokens ahead, one chained pass each")
-    loss: Literal["mean", "sum"] = Field("mean", description="mean: token-weighted mean over all passes (comparable "
-                                         "across n); sum: the study's sum of the passes' mean losses (n times larger)")
-
-
-class OneStepOptions(Frozen):
-    split: Real = Field(0.5, gt=0, lt=1, description="fraction of the window given; the rest is predicted")
-    mask_layer: Whole | None = Field(None, ge=1, description="blocks before the prediction half is masked; default layers // 2")
-
-
-class ClassificationOptions(Frozen):
-    classes: Whole = Field(2, ge=2, le=100_000, description="number of classes; labels are 0 .. classes-1")
-    pooling: Literal["mean", "last"] = Field("mean", description="mean: the average of the per-position class "
-                                             "scores over the document (the MetaFormer study's head); last: the "
-                                             "last token's hidden state (which, causally, has read the whole text)")
-    bias: bool = Field(True, description="a bias in the class projection (the MetaFormer study code's has none)")
-
-
-class NoOptions(Frozen):
-    pass
-
-
-OBJECTIVE_OPTIONS: dict[str, type[Frozen]] = {
-    "clm": NoOptions, "bidirectional": NoOptions, "autoencoder": NoOptions,
-    "multi_token": MultiTokenOptions, "one_step": OneStepOptions, "classification": ClassificationOptions,
-}
-
+from ablate.config.units import Budget, EvalPlan, Frozen, Horizon, Int32, Real
 
 
 def _betas(value: tuple[float, float]) -> tuple[float, float]:
@@ -88,7 +49,7 @@ def describe_recipe(trial: TrialConfig) -> str:
     b1, b2 = trial.betas
     return (f"precision {trial.precision}, AdamW betas ({b1:g}, {b2:g}), weight decay {trial.weight_decay:g}, {warm}, "
             f"{trial.schedule} schedule {horizon}, compile {'auto' if trial.compile is None else trial.compile}"
-            + ("" if trial.objective == "classification" else  # its target is the class, at the end-of-text position
+            + ("" if not registry.objective(trial.objective).token_targets else  # e.g. a class, not tokens
                f", end-of-text {'scored' if trial.eos_is_target else 'not scored (input only)'}"))
 
 
@@ -138,28 +99,17 @@ class TrialConfig(Frozen):
     def _consistent(self) -> TrialConfig:
         if self.architecture not in registry.families():
             raise ValueError(registry.unknown_architecture(self.architecture))
-        if self.objective not in OBJECTIVES:
-            raise ValueError(
-                f"unknown objective {self.objective!r}{did_you_mean(self.objective, OBJECTIVES)}; known: {one_of(OBJECTIVES)}"
-            )
-        allowed = OBJECTIVE_ARCHITECTURES[self.objective]
-        if allowed is not None and self.architecture not in allowed:
-            raise ValueError(f"objective {self.objective!r} is built for architectures {one_of(allowed)}, "
-                             f"not {self.architecture!r}; use one of those or objective: clm")
+        objective = registry.objectives().get(self.objective)
+        if objective is None:
+            raise ValueError(registry.unknown_objective(self.objective))
+        if (unsupported := objective.unsupported(self.architecture)) is not None:
+            raise ValueError(unsupported)
         if self.batch_size * self.context > MAX_MICRO_BATCH_TOKENS:
             raise ValueError(f"batch_size x context = {self.batch_size} x {self.context} = "
                              f"{self.batch_size * self.context:,} tokens per micro-batch is over the limit of "
                              f"{MAX_MICRO_BATCH_TOKENS:,}: lower batch_size (grad_accum keeps the global batch) or context")
-        settings = self.objective_settings()
-        if self.objective == "classification" and self.dataset.label_field is None:
-            raise ValueError("objective 'classification' needs labelled documents: set dataset.label_field (the "
-                             "column of integer class labels, e.g. label_field: label for the hub's imdb)")
-        if self.objective == "one_step":
-            mask_layer = settings.mask_layer
-            if mask_layer is not None and mask_layer >= self.layers:
-                raise ValueError(f"objective_options.mask_layer={mask_layer} must be below layers={self.layers}")
-            if self.layers < 2:
-                raise ValueError("objective 'one_step' masks the prediction half between blocks: needs layers >= 2")
+        self.objective_settings()  # its options, validated: ValueError naming objective_options
+        objective.check_trial(self)
         if self.heads is not None and self.d_model % self.heads:
             divisors = [h for h in (1, 2, 4, 8, 16, 32, 64) if self.d_model % h == 0]
             raise ValueError(
@@ -187,7 +137,7 @@ class TrialConfig(Frozen):
 
     def objective_settings(self) -> Any:
         """The objective's options with their defaults (validated)."""
-        cls = OBJECTIVE_OPTIONS[self.objective]
+        cls = registry.objective(self.objective).options_model
         try:
             return cls(**self.objective_options)
         except ValidationError as exc:

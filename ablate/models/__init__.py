@@ -1,7 +1,7 @@
 """The built-in architecture zoo, registered in `ablate.config.registry` (one line per family below).
 
 A family is a model module (torch) and an options module (torch-free); the registry's docstring says what each
-exposes. Models of the families that the stack-rebuilding objectives support (config.trial.OBJECTIVE_ARCHITECTURES:
+exposes. Models of the families that the stack-rebuilding objectives support (objectives.stack_options.WITH_PARTS:
 bidirectional, autoencoder, one_step) also expose their parts: embed(input_ids) -> (B, T, D),
 hidden_from_embeds(x) -> (B, T, D) through every block, head(hidden) -> logits, and `layers` (the block ModuleList).
 
@@ -19,7 +19,7 @@ from typing import Any
 from ablate.config.registry import (check_architecture, families, model_module, options_model, options_module,
                                     register_architecture)
 
-__all__ = ["UNMASKED_OBJECTIVES", "build", "check_architecture", "families", "family", "list_families",
+__all__ = ["build", "check_architecture", "families", "family", "list_families",
            "options_model", "options_module", "register_architecture"]
 
 register_architecture("llama", "ablate.models.llama", "ablate.models.llama_options",
@@ -34,11 +34,6 @@ register_architecture("metaformer", "ablate.models.metaformer", "ablate.models.m
                       "one block design, swappable token mixer (attention, metric, quadratic, pool, identity)")
 register_architecture("mod", "ablate.models.mod", "ablate.models.mod_options",
                       "mixture-of-depths over Llama-style blocks (capacity routing)")
-
-
-# Objectives that read a whole document at once (a class per document): the only ones that may use a family's
-# unmasked option (metaformer `causal: false`); every language-model objective needs causal models.
-UNMASKED_OBJECTIVES = ("classification",)
 
 
 def family(name: str) -> ModuleType:

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ablate.config import registry
+
 MIXERS_WITH_HEADS = ("attention", "metric", "quadratic")
 
 
@@ -37,10 +39,11 @@ class Options(BaseModel):
             raise ValueError(f"token_mixer {self.token_mixer!r} needs heads, e.g. heads: 4")
         if trial.kv_heads not in (None, trial.heads):
             raise ValueError("the metaformer family has no grouped key/value heads; leave kv_heads unset")
-        from ablate.models import UNMASKED_OBJECTIVES
-
-        if (reason := self.non_causal_reason()) and trial.objective not in UNMASKED_OBJECTIVES:
-            raise ValueError(f"{reason}; unmasked models are for objective {' or '.join(UNMASKED_OBJECTIVES)}")
+        # only an objective that reads whole documents at once (its UNMASKED) may use them; a language model needs
+        # causal ones
+        if (reason := self.non_causal_reason()) and not registry.objective(trial.objective).unmasked:
+            allowed = " or ".join(registry.unmasked_objectives())
+            raise ValueError(f"{reason}; unmasked models are for objective {allowed}")
 
     def non_causal_reason(self) -> str | None:
         """Why these options cannot be evaluated causally, or None (a classifier may still use them)."""

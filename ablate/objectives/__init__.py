@@ -1,155 +1,46 @@
 """Training objectives: what a trial's model is, and how a batch becomes a summed loss and a token count.
 
-Losses are returned as (sum over counted tokens, number of counted tokens) so that callers form
-token-weighted means across batches, micro-batches and ranks (the studies averaged per-batch means).
+An objective is two files and one `register_objective` line below (ablate.config.registry holds the table; this
+package registers the built-ins when the registry's first lookup imports it, and imports no torch):
 
-Each objective module (one file each) exposes `build(trial, vocab_size) -> nn.Module` (forward maps
-input_ids (B, T) to logits (B, T, V)), `loss(trial) -> LossFn` and `count(trial)` (labels -> the
-number of targets that loss counts, on the host); `clm` is the registry's model with
-next-token cross-entropy.
+    NAME_options.py  torch-free, read when a spec is validated and planned and when a report is written:
+        Options                 a frozen pydantic model (extra keys forbidden): the trial's objective_options
+        ARCHITECTURES           the families it is built for (default None: every one)
+        UNMASKED                True: it may use a family's unmasked option (default False)
+        TOKEN_TARGETS           False: its targets are not tokens, so eos_is_target does not apply (default True)
+        NEXT_TOKEN              True: logits at t predict token t + 1, a report samples from it (default False)
+        check_trial(trial)      raises ValueError for a trial it cannot run, past Options (default: none)
+        passes(trial)           (forward passes over all parameters, stacks of token mixing) per token,
+                                relative to one causal pass, for FLOPs (default (1.0, 1.0))
+        param_counts(trial, total, inter, vocab, family)  (total, inter-token) parameters of its model from one
+                                model's of the family (`family`: its options module), for `plan` (default: those)
+    NAME.py          torch:
+        build(trial, vocab_size) -> nn.Module   forward maps input_ids (B, T) to logits (B, T, V)
+        loss(trial) -> LossFn   (model, input_ids, labels) -> (loss sum, counted targets)
+        count(trial)            labels -> the number of targets that loss counts, on the host
+        check_data(trial, prepared)  optional: run once before training
+        input_tokens(labels)    optional: tokens read, if not the next-token targets
+        ACCURACY                optional, True: the eval pass reports the fraction of rows classified right
 
-The trainer never calls a loss on a bare model: it wraps `Objective(trial, model)`, one module whose
-forward(input_ids, labels) is the model AND its loss, in DDP and torch.compile. Every forward pass of
-every objective then goes through the wrapper's forward (DDP's gradient hooks, the compiled graph), and
-a loss a model adds internally (mixture-of-depths' router loss) comes back from that same forward.
-Which architectures an objective supports is declared in spec.OBJECTIVE_ARCHITECTURES, so that a spec
-is refused before anything trains; an objective module may also have `check_data(trial, prepared)`,
-run once before training, and `input_tokens(labels)` (tokens read, if not the next-token targets).
+base.py holds what the torch files share: the trainer's entry points (model_for, loss_function, target_counter,
+token_counter, check_data), the Objective wrapper that DDP and torch.compile wrap, and the common losses.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from typing import Any
+from ablate.config.registry import register_objective
 
-import torch
-from torch import Tensor, nn
+__all__ = ["register_objective"]
 
-from ablate.config.errors import AblateError
-
-IGNORE_INDEX = -100
-
-LossFn = Callable[[nn.Module, Tensor, Tensor], tuple[Tensor, Tensor]]
-
-MODULES = {
-    "clm": "ablate.objectives.clm",
-    "bidirectional": "ablate.objectives.bidirectional",
-    "autoencoder": "ablate.objectives.autoencoder",
-    "multi_token": "ablate.objectives.multi_token",
-    "one_step": "ablate.objectives.one_step",
-    "classification": "ablate.objectives.classification",
-}
-
-
-def _module(objective: str):
-    if objective not in MODULES:
-        raise AblateError(f"objective {objective!r} is not implemented; implemented: {', '.join(sorted(MODULES))}")
-    return importlib.import_module(MODULES[objective])
-
-
-def loss_function(trial: Any) -> LossFn:
-    """The trainer's loss for a trial: (model, input_ids, labels) -> (loss sum, token count)."""
-    return _module(trial.objective).loss(trial)
-
-
-def target_counter(trial: Any) -> Callable[[Tensor], int]:
-    """labels (B, T) on the host -> how many targets the trial's loss counts in them.
-
-    The same number the loss returns as its count, known before the forward pass without a device
-    sync, so that a step's micro-batches are weighted by tokens over the whole step.
-    """
-    return _module(trial.objective).count(trial)
-
-
-def token_counter(trial: Any) -> Callable[[Tensor], int]:
-    """labels (B, T) on the host -> the real input tokens they stand for (throughput, token budgets)."""
-    return getattr(_module(trial.objective), "input_tokens", count_next_tokens)
-
-
-def check_data(trial: Any, prepared: Any) -> None:
-    """The objective's own check of the prepared corpus, once before training (most have none)."""
-    check = getattr(_module(trial.objective), "check_data", None)
-    if check is not None:
-        check(trial, prepared)
-
-
-def count_next_tokens(labels: Tensor) -> int:
-    return int((labels[:, 1:] != IGNORE_INDEX).sum())
-
-
-def count_aligned(labels: Tensor) -> int:
-    return int((labels != IGNORE_INDEX).sum())
-
-
-def model_for(trial: Any, vocab_size: int) -> nn.Module:
-    """The model a trial trains: the registry's model for `clm`; other objectives wrap or pair stacks."""
-    return _module(trial.objective).build(trial, vocab_size)
-
-
-def passes(trial: Any) -> tuple[float, float]:
-    """(forward passes over all parameters, stacks of token mixing) per token, relative to one causal pass."""
-    if trial.objective == "multi_token":
-        n = trial.objective_settings().n_tokens
-        return float(n), float(n)
-    if trial.objective in ("bidirectional", "autoencoder"):
-        return 1.0, 2.0  # two stacks, each run once: parameters already count both
-    return 1.0, 1.0
-
-
-class Objective(nn.Module):
-    """A trial's model and its loss as one module: what DDP and torch.compile wrap.
-
-    forward(input_ids, labels) -> (loss sum, target count, auxiliary loss, correct): the objective's summed
-    loss over its counted targets, how many it counted, the sum of the losses the model added inside its
-    forward (0 when none; the trainer adds them, weight 1, to the step's mean loss before any loss
-    scaling, so an fp16 GradScaler scales them like the main loss), and for classification how many rows
-    it classified right (None otherwise). `model` is the bare model (checkpoints, generation and
-    retrieval use it).
-    """
-
-    def __init__(self, trial: Any, model: nn.Module):
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_function(trial)
-        # found once, not per forward: the submodules that add losses of their own (mixture-of-depths)
-        self._aux_sources = [m for m in model.modules() if hasattr(m, "auxiliary_loss")]
-
-    def forward(self, input_ids: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        total, count = self.loss_fn(self.model, input_ids, labels)
-        correct = self.model.take_correct() if hasattr(self.model, "take_correct") else None
-        return total, count, self._auxiliary_loss(total), correct
-
-    def _auxiliary_loss(self, like: Tensor) -> Tensor:
-        """The sum of the sources' `auxiliary_loss()` since the last call (collecting clears them); 0 if none."""
-        parts = [aux for m in self._aux_sources for aux in [m.auxiliary_loss()] if aux is not None]
-        return sum(parts, like.new_zeros((), dtype=torch.float32))
-
-
-def causal_lm_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-    """Next-token cross-entropy: logits (B, T, V) at t predict labels (B, T) at t + 1."""
-    return aligned_loss(logits[:, :-1], labels[:, 1:])
-
-
-def aligned_loss(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-    """Cross-entropy of logits (B, T, V) against targets (B, T) at the same positions, -100 ignored: (sum, count)."""
-    import torch.nn.functional as F
-
-    total = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                            ignore_index=IGNORE_INDEX, reduction="sum")
-    return total, (targets != IGNORE_INDEX).sum()
-
-
-def next_token_loss(model: nn.Module, input_ids: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-    """The causal LM objective on a batch: (loss sum, token count)."""
-    return causal_lm_loss(model(input_ids), labels)
-
-
-def stacks(trial: Any, vocab_size: int) -> tuple[nn.Module, nn.Module]:
-    """Two models of the trial's architecture; the second without embedding and head (it uses the first's)."""
-    from ablate import models
-
-    first = models.build(trial, vocab_size)
-    second = models.build(trial, vocab_size)
-    second.strip_ends()
-    return first, second
+register_objective("clm", "ablate.objectives.clm", "ablate.objectives.clm_options",
+                   "causal language modelling: every position predicts the next token")
+register_objective("bidirectional", "ablate.objectives.bidirectional", "ablate.objectives.bidirectional_options",
+                   "every token predicted from both sides: a forward and a reverse stack summed before the head")
+register_objective("multi_token", "ablate.objectives.multi_token", "ablate.objectives.multi_token_options",
+                   "n tokens ahead by n chained passes of one model")
+register_objective("autoencoder", "ablate.objectives.autoencoder", "ablate.objectives.autoencoder_options",
+                   "the window reconstructed from the encoder's last hidden state alone")
+register_objective("one_step", "ablate.objectives.one_step", "ablate.objectives.one_step_options",
+                   "the window's second half predicted from its first in one pass")
+register_objective("classification", "ablate.objectives.classification", "ablate.objectives.classification_options",
+                   "one class per labelled document, with loss and accuracy")

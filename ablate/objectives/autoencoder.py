@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ablate.objectives import LossFn, aligned_loss, count_aligned, stacks
+from ablate.objectives.base import LossFn, aligned_loss, count_aligned, stacks
 
 
 class Autoencoder(nn.Module):

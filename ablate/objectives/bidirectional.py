@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ablate.objectives import LossFn, aligned_loss, count_aligned, stacks
+from ablate.objectives.base import LossFn, aligned_loss, count_aligned, stacks
 
 
 class Bidirectional(nn.Module):

@@ -5,7 +5,7 @@ The registry's model reads the document; a linear head maps its hidden states to
   averaged over the document's tokens (the same as projecting the mean hidden state);
 - `pooling: last`: the last token's hidden state, which in a causal model has read the whole document.
 The model may be unmasked (metaformer `causal: false`, the study's classifier): a class is read from the whole
-document at once, so no causal evaluation is needed (models.UNMASKED_OBJECTIVES).
+document at once, so no causal evaluation is needed (classification_options.UNMASKED).
 The LM head is not used: its own weights are frozen (a tied LM head is the embedding, which trains).
 Rows come from a labelled corpus (dataset.label_field): the labels tensor holds each row's class at the
 row's last real token and -100 elsewhere, so one tensor gives both the class and the length.
@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ablate.objectives import IGNORE_INDEX, LossFn
+from ablate.objectives.base import IGNORE_INDEX, LossFn
+
+ACCURACY = True  # the eval pass reports the fraction of rows classified right (Classifier.take_correct)
 
 
 class Classifier(nn.Module):

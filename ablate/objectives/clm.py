@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from ablate.objectives import LossFn, count_next_tokens, next_token_loss
+from ablate.objectives.base import LossFn, count_next_tokens, next_token_loss
 
 
 def build(trial: Any, vocab_size: int) -> nn.Module:

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ablate.objectives import IGNORE_INDEX, LossFn, aligned_loss, count_next_tokens, next_token_loss
+from ablate.objectives.base import IGNORE_INDEX, LossFn, aligned_loss, count_next_tokens, next_token_loss
 
 
 def build(trial: Any, vocab_size: int) -> nn.Module:

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ablate.objectives import IGNORE_INDEX, LossFn, causal_lm_loss
+from ablate.objectives.base import IGNORE_INDEX, LossFn, causal_lm_loss
 
 
 def given_length(split: float, length: int) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ablate.config import registry
 from ablate.config.errors import AblateError
 from ablate.report.tables import _completed
 from ablate.report.views import RunView, _label, _varying
@@ -18,7 +19,7 @@ def prompt_completions(views: list[RunView], prompt: str, url: str | None, artif
     """(run id, label, greedy completion) for the completed runs whose checkpoint is inside `artifacts`, at most
     MAX_COMPLETIONS of them (the lowest final test losses), and how many runs had such a checkpoint."""
     candidates = [v for v in views if v.row.status == "completed" and v.row.checkpoint_path
-                  and v.axes.get("objective", "clm") in ("clm", "multi_token")]  # a next-token head to sample from
+                  and _samples(v.axes.get("objective", "clm"))]
     if not candidates:
         return [], 0  # no model to load: torch is not even imported
     from ablate.train.generate import complete, load_run_model, run_checkpoint
@@ -40,3 +41,9 @@ def prompt_completions(views: list[RunView], prompt: str, url: str | None, artif
             text = complete(model, tokenizer, prompt, trial.context, max_new=max_new).replace("\n", " ")
             out.append((v.row.id, _label(v.axes, keys), text))
     return out, len(reachable)
+
+
+def _samples(objective: str) -> bool:
+    """Whether a run of `objective` has a next-token head to sample from (an objective no longer registered: no)."""
+    entry = registry.objectives().get(objective)
+    return entry is not None and entry.next_token

@@ -48,13 +48,14 @@ def _preload() -> None:
     # those families paid for them again (4.6 CPU-s measured on a loaded 2-core host) until the helper held them
     from transformers import GPT2LMHeadModel, LlamaForCausalLM, OpenAIGPTLMHeadModel  # noqa: F401
 
-    from ablate import models, objectives, store  # noqa: F401
+    from ablate import models, store  # noqa: F401
+    from ablate.config import registry
     from ablate.train import cli, loop  # noqa: F401  - the package face is lazy: the trainer's own modules
 
     for name in models.families():  # each family's torch module, imported lazily by a trainer
         models.family(name)
-    for name in objectives.MODULES:
-        objectives._module(name)
+    for objective in registry.objectives().values():  # and each objective's
+        objective.load()
 
 
 def _child(request: dict[str, Any], protocol_fd: int) -> None:

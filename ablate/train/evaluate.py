@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ablate.config import TrialConfig
+from ablate.objectives.base import reports_accuracy
 from ablate.train.state import Dist
 from ablate.train.device import _to_device, autocast
 
@@ -18,8 +19,8 @@ from ablate.train.device import _to_device, autocast
 def evaluate(objective: torch.nn.Module, rows: Any, trial: TrialConfig, device: torch.device, dist_: Dist,
              max_batches: int | None, precision: str) -> tuple[float, float | None]:
     """Token-weighted mean loss over the eval split (sharded across ranks), in nats, of the (wrapped) Objective
-    in eval mode (every model's eval-mode forward is causal: tests/test_causality.py), and for classification
-    the fraction of rows classified right (else None)."""
+    in eval mode (every model's eval-mode forward is causal: tests/test_causality.py), and for an objective that
+    reports accuracy (classification) the fraction of rows classified right (else None)."""
     objective.eval()
     total = torch.zeros(3, device=device, dtype=torch.float64)
     n = len(rows)
@@ -40,4 +41,4 @@ def evaluate(objective: torch.nn.Module, rows: Any, trial: TrialConfig, device: 
         dist.all_reduce(total)
     objective.train()
     s, c, right = total.tolist()
-    return (s / c if c else float("nan")), (right / c if trial.objective == "classification" and c else None)
+    return (s / c if c else float("nan")), (right / c if reports_accuracy(trial) and c else None)

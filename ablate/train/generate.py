@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from ablate import objectives, store
+from ablate import store
+from ablate.objectives import base as objectives
 from ablate.config.errors import AblateError
 from ablate.train.checkpoint import load_checkpoint
 from ablate.config import TrialConfig

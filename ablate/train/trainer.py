@@ -14,9 +14,10 @@ import torch
 
 from ablate.train import budget as bud
 from ablate import data as data_mod
-from ablate import models, objectives, store
-from ablate.config import TrialConfig
+from ablate import models, store
+from ablate.config import TrialConfig, registry
 from ablate.config.errors import AblateError
+from ablate.objectives import base as objectives
 from ablate.train.checkpoint import load_checkpoint, set_rng_state
 from ablate.train.device import check_memory, is_oom, peak_memory_mb
 from ablate.train.recorder import Recorder
@@ -66,7 +67,8 @@ class Trainer:
         head_weights = {id(m.weight) for m in self.model.modules() if isinstance(m, torch.nn.Linear)}
         embedding = sum(m.weight.numel() for m in self.model.modules()
                         if isinstance(m, torch.nn.Embedding) and id(m.weight) not in head_weights)
-        param_passes, mixing_stacks = objectives.passes(trial)  # multi-token runs the model n times; two-stack objectives
+        # multi-token runs the model n times; two-stack objectives mix tokens twice per pass
+        param_passes, mixing_stacks = registry.objective(trial.objective).passes(trial)
         self.flops_per_token = param_passes * bud.train_flops_per_token(
             self.params - embedding, mixing_stacks / param_passes * self.family.mixing_flops_per_token(trial))
         self.count_targets = objectives.target_counter(trial)

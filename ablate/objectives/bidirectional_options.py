@@ -1,0 +1,26 @@
+"""Bidirectional all-token prediction's knowledge, torch-free: no options, the families with parts, two stacks."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from ablate.config.units import Frozen
+from ablate.objectives.stack_options import WITH_PARTS, two_stacks
+
+ARCHITECTURES = WITH_PARTS
+
+
+class Options(Frozen):
+    """No options: objective_options stays empty."""
+
+
+def passes(trial: Any) -> tuple[float, float]:
+    return 1.0, 2.0  # two stacks, each run once: parameters already count both
+
+
+def param_counts(trial: Any, total: int, inter: int, vocab: int, family: ModuleType) -> tuple[int, int]:
+    total, inter = two_stacks(trial, total, inter, vocab)
+    if trial.architecture == "mixer":  # one feed-forward per block, shared by both streams
+        total -= trial.layers * family.feed_forward_params(trial)
+    return total, inter

@@ -1,0 +1,18 @@
+"""What the options files of the objectives that rebuild a model from its parts share (torch-free).
+
+Those objectives (bidirectional, autoencoder, one_step) take a model apart: its embedding, block stack and head
+(ablate.models: embed / hidden_from_embeds / head / layers), which only some families expose.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+WITH_PARTS = ("mixer", "llama")  # the families whose models expose their parts
+
+
+def two_stacks(trial: Any, total: int, inter: int, vocab: int) -> tuple[int, int]:
+    """(total, inter-token) parameters of two stacks sharing one embedding and head, from one model's: the shared
+    ends counted once (untied: two vocab x d_model matrices; tied: one)."""
+    ends = vocab * trial.d_model * (1 if trial.effective_options().get("tie_weights") else 2)
+    return 2 * total - ends, 2 * inter
