@@ -15,9 +15,11 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from ablate import models
+from ablate.models.contract import FamilyModule, FamilyOptions, LanguageModel, ModelWithParts
 from ablate.models.mixer import SequenceMixing
 from ablate.models.mod import RoutedLayer
 from ablate.objectives.base import causal_lm_loss
+from ablate.objectives.stack_options import WITH_PARTS
 from ablate.config import TrialConfig
 
 VOCAB, BATCH, CONTEXT = 64, 2, 16
@@ -97,13 +99,24 @@ def case(request) -> Case:
 
 def test_family_exposes_the_contract(case):
     family, sizes = models.family(case.architecture), models.options_module(case.architecture)
-    assert hasattr(family, "build"), f"{case.architecture} lacks build"
+    assert isinstance(family, FamilyModule), f"{case.architecture} lacks build"
+    assert isinstance(sizes, FamilyOptions), f"{case.architecture}'s options module lacks part of the contract"
     for name in ("Options", "param_count", "inter_token_params", "mixing_flops_per_token"):
-        assert hasattr(sizes, name), f"{case.architecture}'s options module lacks {name}"
         assert getattr(family, name) is getattr(sizes, name), f"{case.architecture} does not re-export {name}"
     trial = make_trial(case)
     assert isinstance(sizes.mixing_flops_per_token(trial), float)
     assert 0 <= sizes.inter_token_params(trial) <= sizes.param_count(trial, VOCAB)
+    model = make_model(case)
+    assert isinstance(model, LanguageModel)
+    assert isinstance(model, ModelWithParts) == (case.architecture in WITH_PARTS), (
+        f"{case.architecture}: objectives/stack_options.WITH_PARTS must list exactly the families whose models have parts")
+
+
+def test_the_contract_check_refuses_what_lacks_a_part():
+    """The Protocols are checks that can fail: a model without hidden_states, a module without build."""
+    assert not isinstance(torch.nn.Linear(2, 2), LanguageModel)
+    assert not isinstance(models.options_module("mixer"), FamilyModule)
+    assert not isinstance(torch.nn.Linear(2, 2), ModelWithParts)
 
 
 def test_shapes(case):

@@ -37,11 +37,11 @@ class Settings(BaseModel):
     code_version: str | None = Field(None, description="the code version stamped into a container image at build time")
     # how runs are started and watched (every host of a sweep must agree on the timings)
     gpus_per_trial: int = Field(1, ge=1, description="GPUs each trial gets on `ablate worker` (--gpus-per-trial beats it)")
-    warm_trainer: bool = Field(True, description="0: never fork trainers from the warm helper")
+    warm_trainer: bool = Field(True, description="0: every trainer starts cold (never forked from the warm helper)")
     heartbeat_seconds: float = Field(10.0, gt=0, description="how often a running trial says it is alive")
     stale_seconds: float = Field(90.0, gt=0, description="silence after which a running trial counts as dead")
     cancel_grace_seconds: float = Field(120.0, gt=0, description="how long a stopped trainer may take before it is killed")
-    stop_grace_seconds: float = Field(5.0, gt=0, description="how long a signalled trainer waits for its step to end")
+    stop_grace_seconds: float = Field(5.0, gt=0, description="how long a trainer told to stop during start-up (before its first step) may take before it records the stop itself and ends")
     # the Prefect side
     dispatch_poll_seconds: float = Field(5.0, gt=0, description="how often a sweep flow looks at its trials' flow runs")
     api_outage_seconds: float = Field(900.0, gt=0, description="how long a sweep flow rides out a Prefect API outage")
@@ -49,9 +49,9 @@ class Settings(BaseModel):
     zombie_seconds: float = Field(0.0, ge=0, description="silence after which Prefect marks a trial's flow run crashed "
                                   "(0: three heartbeats, at least 540 s)")
     # `ablate sql` limits, checked where they are used (the flag beats them; its messages name both)
-    sql_timeout: str | None = Field(None, description="seconds before a query is stopped (0: no limit)")
-    sql_max_rows: str | None = Field(None, description="rows a result may have (0: no limit)")
-    sql_max_bytes: str | None = Field(None, description="bytes a result may have (0: no limit)")
+    sql_timeout: str | None = Field(None, description="`ablate sql`: seconds before a query is stopped (default 30; 0: no limit)")
+    sql_max_rows: str | None = Field(None, description="`ablate sql`: rows a result may have (default 10,000; 0: no limit)")
+    sql_max_bytes: str | None = Field(None, description="`ablate sql`: bytes a result may have (default 64 MiB; 0: no limit)")
     # between ablate's own processes, not for users to set
     claimant: str | None = Field(None, description="the claim a runner started this trainer under")
     runner_pid: int | None = Field(None, description="the runner process that started this trainer")

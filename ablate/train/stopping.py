@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from typing import Any, Callable
+
 from ablate.config.settings import environment
 
 STOP_GRACE_SECONDS = environment().stop_grace_seconds
