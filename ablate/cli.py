@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ablate.config.errors import AblateError
+from ablate.config.settings import environment
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True, highlight=False)
@@ -749,7 +750,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("worker", parents=[common], help="Prefect workers for a pool here: one trial per GPU")
     s.add_argument("--pool", required=True, help="the work pool: the hardware class of the sweeps (rtx3060, v100, cpu)")
-    s.add_argument("--gpus-per-trial", type=int, default=int(os.environ.get("ABLATE_GPUS_PER_TRIAL", "1")),
+    s.add_argument("--gpus-per-trial", type=int, default=environment().gpus_per_trial,
                    help="GPUs each trial gets (the sweeps' budget.gpus; default $ABLATE_GPUS_PER_TRIAL or 1)")
     s.add_argument("--slots", type=int, default=1, help="without GPUs: trials at once (default 1)")
 
