@@ -20,6 +20,7 @@ from ablate.train.budget import lr_at
 from ablate.config.errors import AblateError
 from ablate.config import TrialConfig
 from ablate.train import Settings, train
+from ablate.train.trainer import Outcome
 from tests.waiting import Deadline, patience
 
 REPO = Path(__file__).resolve().parent.parent
@@ -92,6 +93,8 @@ def test_step_budget_trains_records_and_lowers_the_loss(tmp_path, db_url):
     assert len(eval_rows) == 2  # one at half the budget, one final
     assert train_rows[-1].loss < train_rows[0].loss - 0.5
     assert math.log(384) > out["final_eval_loss"]
+    # the outcome is one Outcome: exactly its declared fields, each a column of the run row it was written to
+    assert set(out) == set(Outcome.__annotations__) <= set(store.Run.__table__.columns.keys())
 
 
 @pytest.mark.slow

@@ -32,10 +32,10 @@ from ablate.train.stopping import Stopped, StopSignal
 from ablate.train.evaluate import evaluate
 from ablate.train.optim import shrink
 from ablate.train.points import checkpoint, final_train_loss, progress_bar, record_losses
-from ablate.train.trainer import Trainer
+from ablate.train.trainer import Outcome, Trainer
 
 
-def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> dict[str, Any]:
+def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> Outcome:
     """Train one trial to its budget and record it. Returns the outcome fields written to the run row."""
     t = Trainer(trial, settings, dist_ or Dist())
     if trial.mode == "memory_probe":
@@ -65,7 +65,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
 # ---------------------------------------------------------------- warm-up
 
 
-def warm_up(t: Trainer, stop: StopSignal) -> dict[str, Any] | None:
+def warm_up(t: Trainer, stop: StopSignal) -> Outcome | None:
     """Untimed warm-up steps (compile, allocator) at lr 0, which leaves every weight as it was (AdamW moves a
     weight by lr times its update, decay included); the optimizer's moments, the scaler and the RNGs are reset
     afterwards (a resumed run's from its checkpoint), so they teach the model nothing. A resumed run warms up
@@ -176,7 +176,7 @@ class LoopState:
         return self.interval_sum, self.interval_count
 
 
-def loop(t: Trainer, s: LoopState, stop: StopSignal) -> dict[str, Any] | None:
+def loop(t: Trainer, s: LoopState, stop: StopSignal) -> Outcome | None:
     """Steps until the budget, the horizon, a stop or a divergence; an outcome if it ended out of memory."""
     t.clock.start()
     while True:
@@ -248,7 +248,7 @@ def bookkeeping(t: Trainer, s: LoopState, d: Decision) -> bool:
     return s.error is None
 
 
-def train_step(t: Trainer, s: LoopState, f: float) -> dict[str, Any] | None:
+def train_step(t: Trainer, s: LoopState, f: float) -> Outcome | None:
     """One optimizer step at the schedule's learning rate; out of memory shrinks the micro-batch (on_oom:
     shrink) or ends the run with its curve up to there."""
     p = t.progress
@@ -275,7 +275,7 @@ def train_step(t: Trainer, s: LoopState, f: float) -> dict[str, Any] | None:
 # ---------------------------------------------------------------- finish
 
 
-def finish(t: Trainer, s: LoopState) -> dict[str, Any]:
+def finish(t: Trainer, s: LoopState) -> Outcome:
     """The run's end: a stopped run checkpoints, a diverged one records why, a finished one is evaluated on the
     whole eval split and checkpointed with its tokenizer."""
     t.clock.stop()

@@ -7,7 +7,7 @@ import dataclasses
 import math
 import random
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -25,6 +25,31 @@ from ablate.train.state import Batches, Dist, Progress, Settings, run_dir
 from ablate.train.device import (_null, _to_device, autocast, hardware_check, pick_device, prepare_device,
                                  resolve_precision)
 from ablate.train.optim import make_optimizer, plain_step
+
+
+
+class Outcome(TypedDict, total=False):
+    """How a run ended: what `train()` returns and `finalize` writes to the run row (store.Run's columns)."""
+
+    status: str  # completed, failed, oom, cancelled, preempted, diverged, ...
+    error: str | None
+    steps: int
+    tokens: int
+    samples: int
+    train_seconds: float
+    eval_seconds: float
+    startup_seconds: float | None
+    checkpoint_seconds: float
+    compile_seconds: float
+    data_wait_fraction: float | None
+    tokens_per_second: float | None
+    final_train_loss: float | None
+    final_eval_loss: float | None
+    epochs: float | None
+    peak_memory_mb: float
+    mfu: float | None
+    notes: dict[str, Any] | None
+    finished_at: Any
 
 
 class Trainer:
@@ -177,7 +202,7 @@ class Trainer:
     # ---------------------------------------------------------------- how a run ends
 
     def finalize(self, status: str, error: str | None = None, final_train: float | None = None,
-                 final_eval: float | None = None, peak: float | None = None, mfu: bool = True) -> dict[str, Any]:
+                 final_eval: float | None = None, peak: float | None = None, mfu: bool = True) -> Outcome:
         """The outcome fields, written to the run row (its points flushed first); the trainer's recorder closes."""
         recorder, progress, clock = self.recorder, self.progress, self.clock
         recorder.flush()
@@ -187,7 +212,7 @@ class Trainer:
         tps = progress.tokens / seconds if seconds > 0 else None
         flops_per_token = self.flops_per_token if mfu else None  # an OOM's throughput says nothing of its MFU
         peak_flops = bud.peak_flops(self.device_name) if flops_per_token else None
-        outcome = dict(
+        outcome = Outcome(
             status=status, error=error, steps=progress.step, tokens=progress.tokens, samples=progress.samples,
             train_seconds=seconds, eval_seconds=clock.meters.get("eval", 0.0),
             startup_seconds=clock.meters.get("startup"), checkpoint_seconds=clock.meters.get("checkpoint", 0.0),
@@ -204,7 +229,7 @@ class Trainer:
         recorder.close()
         return outcome
 
-    def finish_oom(self, exc: BaseException) -> dict[str, Any]:
+    def finish_oom(self, exc: BaseException) -> Outcome:
         """Out of memory is a result: the step it came at and the micro-batch, with the peak memory."""
         peak = peak_memory_mb(self.device)
         if self.device.type == "cuda":
@@ -214,11 +239,11 @@ class Trainer:
                f"{str(exc).splitlines()[0][:300]}")
         return self.finalize("oom", msg, peak=peak, mfu=False)
 
-    def stopped(self) -> dict[str, Any]:
+    def stopped(self) -> Outcome:
         """A stopped run is `cancelled` when a user cancelled it (its row says so), else `preempted` (resumable)."""
         return self.finalize("cancelled" if self.recorder.cancelled() else "preempted")
 
-    def memory_probe(self) -> dict[str, Any]:
+    def memory_probe(self) -> Outcome:
         """One unbatched forward+backward without the LM head; peak memory is the result (OOM is a cell value)."""
         trial, device = self.trial, self.device
         vocab = trial.tokenizer.vocab_size or 4096
