@@ -70,3 +70,9 @@ def tinystories(tmp_path: Path) -> Path:
     dst = tmp_path / "tinystories.txt"
     dst.write_bytes(SAMPLE.read_bytes())
     return dst
+
+
+# a test of the results DB on both backends
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_url(request):
+    return request.getfixturevalue(f"{request.param}_url")

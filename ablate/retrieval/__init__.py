@@ -6,7 +6,7 @@ pick the one matching text among c candidates for a summary, with cross-entropy 
 `info_nce_loss` is the studies' temperature-free contrastive alternative, for comparison.
 
 The studies' models saw millions of stories; a run trained on the 221-story sample gives embeddings
-with no usable match signal (tests/test_retrieval.py keeps that claim as a strict xfail).
+with no usable match signal (tests/retrieval/test_retrieval.py keeps that claim as a strict xfail).
 
 - `pairs.py`: the (summary, text) pairs: `load_pairs` (a file, a folder, a hub id), `pairs_from_stories`.
 - `embed.py`: `embed_texts`, a trained run's last hidden layer at one token of each text.

@@ -19,7 +19,7 @@ from ablate.train.device import _to_device, autocast
 def evaluate(objective: torch.nn.Module, rows: Any, trial: TrialConfig, device: torch.device, dist_: Dist,
              max_batches: int | None, precision: str) -> tuple[float, float | None]:
     """Token-weighted mean loss over the eval split (sharded across ranks), in nats, of the (wrapped) Objective
-    in eval mode (every model's eval-mode forward is causal: tests/test_causality.py), and for an objective that
+    in eval mode (every model's eval-mode forward is causal: tests/models/test_causality.py), and for an objective that
     reports accuracy (classification) the fraction of rows classified right (else None)."""
     objective.eval()
     total = torch.zeros(3, device=device, dtype=torch.float64)

@@ -29,7 +29,7 @@ def make_optimizer(model: torch.nn.Module, trial: TrialConfig, device: torch.dev
 
 # torch.compile's sake: four Optimizer methods at their first call, to build a "do not trace" marker, and step()
 # on every call, to mark a graph break. A trainer that compiles nothing traces none of them, so it skips both
-# (where dynamo is loaded already, as transformers' models load it, nothing is saved). tests/test_train_cost.py checks
+# (where dynamo is loaded already, as transformers' models load it, nothing is saved). tests/train/test_train_cost.py checks
 # that the import stays out and that the plain step is the same update, should torch change these wrappers.
 
 

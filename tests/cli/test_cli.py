@@ -1,0 +1,193 @@
+"""The `ablate` command as a user runs it: exit codes, messages, and read-only SQL."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import sqlalchemy as sa
+import yaml
+
+from ablate import store
+from ablate.cli import main
+from tests.waiting import patience
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE = str(REPO / "sweeps" / "smoke.yaml")
+
+
+def ablate(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ablate.cli", *argv], capture_output=True, text=True, cwd=REPO,
+                          timeout=patience(120))
+
+
+def test_plan_lists_trials_and_total_budget(capsys):
+    assert main(["plan", SMOKE]) == 0
+    out = capsys.readouterr().out
+    assert "4 trials" in out and "wall clock 15s on 1x cpu" in out and "total on 1x cpu: 1m00s" in out
+
+
+def test_user_error_exits_2_with_a_message_and_no_traceback(tmp_path):
+    bad = yaml.safe_load(Path(SMOKE).read_text())
+    bad["grid"][1]["heads"] = 5
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    result = ablate("plan", str(path))
+    assert result.returncode == 2
+    assert "heads=5 does not divide d_model=64" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_invalid_spec_writes_nothing_to_the_db(tmp_path, db_url):
+    bad = yaml.safe_load(Path(SMOKE).read_text())
+    bad["grid"].append({"architecture": "mixr", "d_model": 32})
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    assert main(["sweep", "register", str(path), "--db", db_url]) == 2
+    engine = store.connect(db_url)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM runs")).scalar() == 0
+        assert conn.execute(sa.text("SELECT count(*) FROM sweeps")).scalar() == 0
+
+
+def test_sql_refuses_writes_and_the_table_is_intact(db_url, capsys):
+    assert main(["sweep", "register", SMOKE, "--db", db_url]) == 0
+    for statement in ("DROP TABLE runs", "DELETE FROM runs", "UPDATE runs SET status = 'failed'", "INSERT INTO sweeps (name) VALUES ('x')"):
+        assert main(["sql", statement, "--db", db_url]) == 2
+        assert "read-only" in capsys.readouterr().err
+    assert main(["sql", "SELECT status, count(*) AS n FROM runs GROUP BY status", "--db", db_url, "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows == [{"status": "pending", "n": 4}]
+
+
+def test_sql_csv_output(sqlite_url, capsys):
+    main(["sweep", "register", SMOKE, "--db", sqlite_url])
+    capsys.readouterr()
+    assert main(["--db", sqlite_url, "sql", "SELECT architecture, d_model FROM runs ORDER BY id", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["architecture,d_model", "mixer,64", "mixer,128", "llama,64", "llama,128"]
+
+
+def test_sql_error_is_reported(sqlite_url, capsys):
+    assert main(["db", "upgrade", "--db", sqlite_url]) == 0  # `ablate sql` never creates the database it reads
+    assert main(["sql", "SELECT * FROM nowhere", "--db", sqlite_url]) == 2
+    assert "no such table: nowhere" in capsys.readouterr().err
+
+
+def test_db_upgrade_and_current(sqlite_url, capsys):
+    assert main(["db", "upgrade", "--db", sqlite_url]) == 0
+    assert "-> 0009" in capsys.readouterr().out
+    assert main(["db", "current", "--db", sqlite_url]) == 0
+    assert "schema 0009" in capsys.readouterr().out
+
+
+def test_dead_database_error_from_the_cli(capsys):
+    assert main(["sql", "SELECT 1", "--db", "postgresql+psycopg://postgres@127.0.0.1:1/x"]) == 2
+    assert "cannot reach the results database" in capsys.readouterr().err
+
+
+def test_documented_views_answer_the_common_questions(db_url, capsys):
+    assert main(["sweep", "register", SMOKE, "--db", db_url]) == 0
+    engine = store.connect(db_url)
+    with engine.connect() as conn:
+        ids = conn.execute(sa.select(store.Run.id).order_by(store.Run.id)).scalars().all()
+    for rid, loss in zip(ids, (3.0, 2.5, 2.8, 2.9)):
+        store.update_run(engine, rid, status="completed", final_eval_loss=loss)
+        store.write_metrics(engine, rid, [dict(step=int(4 * s), split="eval", elapsed_seconds=s, tokens=int(40 * s), loss=loss + 1 - s / 15,
+                                            lr=None) for s in (3.75, 7.5, 15)])
+    capsys.readouterr()
+    assert main(["sql", "SELECT architecture, d_model, final_eval_loss FROM best_runs ORDER BY architecture",
+                 "--db", db_url, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [
+        {"architecture": "llama", "d_model": 64, "final_eval_loss": 2.8},
+        {"architecture": "mixer", "d_model": 128, "final_eval_loss": 2.5}]
+    assert main(["sql", "SELECT run_id, loss FROM eval_curve WHERE budget_fraction = 0.5 ORDER BY run_id",
+                 "--db", db_url, "--format", "json"]) == 0  # smoke budget: 15 s, so 7.5 s is half
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["loss"] for r in rows] == [3.5, 3.0, 3.3, 3.4]
+    assert main(["sql", "SELECT count(*) AS n FROM run_results WHERE sweep = 'smoke'", "--db", db_url,
+                 "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 4}]
+
+
+def test_sweep_status_and_cancel(sqlite_url, capsys):
+    from ablate import runner
+
+    assert main(["sweep", "register", SMOKE, "--db", sqlite_url]) == 0
+    engine = store.connect(sqlite_url)
+    with engine.connect() as conn:
+        ids = conn.execute(sa.select(store.Run.id).order_by(store.Run.id)).scalars().all()
+    store.update_run(engine, ids[0], status="completed", final_train_loss=2.5, final_eval_loss=2.75, steps=10)
+    capsys.readouterr()
+    assert main(["sweep", "status", "smoke", "--db", sqlite_url, "--format", "table"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("pending") == 3 + 1 and "1 completed, 3 pending" in out and "2.750" in out  # rows + caption
+    assert main(["sweep", "status", "smoke", "--db", sqlite_url]) == 0  # not a terminal: csv of every run
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["status"] for r in rows] == ["completed", "pending", "pending", "pending"]
+    assert float(rows[0]["eval"]) == 2.75 and rows[0]["steps"] == "10" and rows[1]["eval"] == ""
+    assert main(["sweep", "cancel", "smoke", "--db", sqlite_url]) == 0
+    assert "3 waiting runs cancelled" in capsys.readouterr().out
+    with engine.connect() as conn:
+        statuses = conn.execute(sa.select(store.Run.status).order_by(store.Run.id)).scalars().all()
+    assert statuses == ["completed", "cancelled", "cancelled", "cancelled"]
+    sweep_id = store.get_run(engine, ids[0]).sweep_id
+    assert runner.runs_to_do(engine, sweep_id, ids) == []
+    assert main(["sweep", "status", "smok", "--db", sqlite_url]) == 2
+    assert "did you mean 'smoke'" in capsys.readouterr().err
+
+
+def test_plan_of_a_search_sweep_describes_the_search(capsys):
+    assert main(["plan", str(REPO / "sweeps" / "tinystories-heads-lr.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "search: 24 trials sampled by tpe (pruner median)" in out and "heads in {1, 2, 4, 8, 16}" in out
+    assert "1 trials" not in out and "total on 1x rtx3060: 288h00m" in out
+
+
+def test_an_edited_sweep_drops_its_removed_unfinished_runs_and_keeps_results(sqlite_url, tmp_path, capsys):
+    spec = yaml.safe_load(Path(SMOKE).read_text())
+    path = tmp_path / "smoke.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["sweep", "register", str(path), "--db", sqlite_url]) == 0
+    engine = store.connect(sqlite_url)
+    runs = {(r.architecture, r.d_model): r.id for r in __import__("ablate.runner").runner.sweep_runs(engine, "smoke")}
+    store.update_run(engine, runs[("mixer", 64)], status="failed", attempts=3, error="boom")
+    store.update_run(engine, runs[("mixer", 128)], status="completed", final_eval_loss=3.0)
+    store.write_metrics(engine, runs[("mixer", 64)], [dict(step=1, split="train", elapsed_seconds=1, tokens=1, loss=5.0,
+                                                         lr=1e-3)])
+    spec["grid"] = [{"architecture": "llama", "heads": 4, "d_model": [64, 128]}]  # the mixers are edited out
+    path.write_text(yaml.safe_dump(spec))
+    capsys.readouterr()
+    assert main(["sweep", "register", str(path), "--db", sqlite_url]) == 0
+    assert "dropped 1 unfinished run(s) whose trial is no longer in" in capsys.readouterr().out
+    with engine.connect() as conn:
+        left = dict(conn.execute(sa.select(store.Run.id, store.Run.status)).all())
+        points = conn.execute(sa.select(sa.func.count()).select_from(store.Metric)).scalar()
+    assert runs[("mixer", 64)] not in left and points == 0  # the failed run and its points are gone
+    assert left[runs[("mixer", 128)]] == "completed"  # a result stays
+
+
+def test_kill_usr1_prints_where_every_thread_of_the_program_is(tmp_path):
+    """A hung `ablate` (a sweep that will not stop) can be asked where it is without killing it."""
+    import signal
+    import time
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    assert main(["db", "upgrade", "--db", url]) == 0
+    slow = ("WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 1000000000) "
+            "SELECT count(*) FROM c")
+    proc = subprocess.Popen([sys.executable, "-m", "ablate.cli", "sql", slow, "--db", url, "--timeout", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        time.sleep(patience(4))  # started and inside the query
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        assert proc.poll() is None  # still at work: the signal only printed
+    finally:
+        proc.kill()
+        _, err = proc.communicate(timeout=patience(60))
+    assert "Current thread" in err or "Thread 0x" in err, err[-2000:]
+    assert "ablate/results/sql.py" in err, err[-2000:]  # the query's frame, named

@@ -1,0 +1,427 @@
+"""The lab cluster when things go wrong, for real: a local Prefect server, `ablate deploy`, a sweep worker and
+two workers of one trial pool (`ablate worker`, CPU here standing in for two GPU machines), `prefect deployment
+run`. A worker's whole process tree is killed mid-trial (a machine dying), a hub dataset is missing offline,
+a sweep flow run is cancelled, a pool has no worker.
+
+Heartbeats are 1 s and the stale limit 10 s here (ABLATE_HEARTBEAT_SECONDS, ABLATE_STALE_SECONDS), so the
+test does not wait the 90 s a real cluster would.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from ablate import store
+from tests.flows.test_deploy import free_port, wait_healthy
+from tests.waiting import Deadline, patience, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.slow
+
+SAMPLE = {"source": "ablate:tinystories-sample", "eval": {"holdout": 24}, "packing": "pad"}
+
+
+def _spec(name: str, budget: dict, hardware: str, grid: list, dataset: dict = SAMPLE) -> dict:
+    return {"name": name, "dataset": dataset, "tokenizer": {"vocab_size": 512},
+            "budget": {**budget, "hardware": hardware},
+            "defaults": {"architecture": "mixer", "d_model": 32, "layers": 2, "context": 64, "lr": 1e-3,
+                         "batch_size": 8, "compile": False},
+            "grid": grid}
+
+
+class Cluster:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.api = f"http://127.0.0.1:{free_port()}/api"
+        self.url = f"sqlite:///{tmp / 'results.db'}"
+        self.env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect"), "PREFECT_API_URL": self.api,
+                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "INFO",
+                    "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp / 'prefect.db'}",
+                    "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "2",
+                    # as docker-compose.yml's server: logs stream to `prefect deployment run --watch`
+                    "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true",
+                    "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true",
+                    "ABLATE_HEARTBEAT_SECONDS": "1", "ABLATE_STALE_SECONDS": "10",
+                    "ABLATE_DISPATCH_POLL_SECONDS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                    # flow runs beat every 30 s (Prefect's least; default 180): `ablate deploy`'s automation crashes
+                    # one silent for 150 s (longer than the server outage of the restart test and a beat)
+                    "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30", "ABLATE_ZOMBIE_SECONDS": "150",
+                    "OMP_NUM_THREADS": "1"}
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list = []
+
+    def start(self, *cmd: str) -> subprocess.Popen:
+        log = open(self.tmp / f"proc-{len(self.procs)}.log", "w")
+        self.logs.append(log)
+        proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def run(self, *cmd: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, env=self.env, cwd=REPO, capture_output=True, text=True, timeout=patience(timeout))
+
+    def deployment_run(self, name: str, *params: str) -> str:
+        """Start a deployment run (no watch); its flow run id."""
+        out = self.run(str(BIN / "prefect"), "deployment", "run", name, *(a for p in params for a in ("--param", p)))
+        assert out.returncode == 0, (out.stdout + out.stderr)[-2000:]
+        return re.search(r"UUID:\s*([0-9a-f-]{36})", out.stdout).group(1)
+
+    def start_server(self) -> subprocess.Popen:
+        proc = self.start(str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
+                          self.api.split(":")[-1][:-4])
+        self.server = proc
+        wait_healthy(self.api)
+        return proc
+
+    def trial_flow_runs(self, engine, run_id: int) -> list:
+        """The trial flow runs dispatched for a run (found by the tag the sweep flow gives them), oldest first."""
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        from flows.dispatch import run_tag
+
+        with temporary_settings({PREFECT_API_URL: self.api}), get_client(sync_client=True) as client:
+            found = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                tags=FlowRunFilterTags(all_=[run_tag(engine)(run_id)])))
+        return sorted(found, key=lambda fr: fr.created)
+
+    def trial_flow_runs_of(self, sweep_flow_run_id: str) -> list:
+        """The trial flow runs a sweep flow run dispatched."""
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: self.api}), get_client(sync_client=True) as client:
+            return client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[sweep_flow_run_id])))
+
+    def flow_run(self, flow_run_id: str):
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: self.api}), get_client(sync_client=True) as client:
+            return client.read_flow_run(flow_run_id)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            _kill_tree(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                _kill_tree(proc.pid, signal.SIGKILL)
+        for log in self.logs:
+            log.close()
+
+
+def _children() -> dict[int, list[int]]:
+    """{parent pid: child pids} of every process on this machine, from /proc."""
+    out: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            out.setdefault(ppid, []).append(int(entry.name))
+    return out
+
+
+def _tree(pid: int) -> list[int]:
+    """A process and all its descendants, in whatever session or group they put themselves."""
+    children, todo, found = _children(), [pid], []
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(children.get(p, []))
+    return found
+
+
+def _kill_tree(pid: int, sig: int) -> None:
+    for p in _tree(pid):
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+
+
+def trainers(run_ids: list[int]) -> list[int]:
+    """Pids of `ablate.train` processes training any of these runs (any parent)."""
+    found = []
+    wanted = {str(r) for r in run_ids}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            args = [a.decode(errors="replace") for a in argv]
+            if "ablate.train" in args and "--run-id" in args and args[args.index("--run-id") + 1] in wanted:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cluster")
+    sweeps = tmp / "sweeps"
+    sweeps.mkdir()
+    specs = [
+        _spec("resume", {"wall_clock": 24}, "lab", [{"d_model": [32]}]),
+        _spec("cancel", {"wall_clock": 600}, "lab", [{"d_model": [32, 48]}]),
+        _spec("nobody", {"steps": 5}, "idle", [{"d_model": [32, 48]}]),
+        _spec("outage", {"wall_clock": 20}, "lab", [{"d_model": [32, 48, 64]}]),
+        {**{k: v for k, v in _spec("zombie", {"wall_clock": 600}, "lab", []).items() if k != "grid"},
+         "search": {"parameters": {"lr": {"type": "float", "low": 1e-4, "high": 1e-3, "log": True}}, "n_trials": 1}},
+        _spec("hub", {"steps": 5}, "lab", [{"d_model": [32]}],
+              dataset={"source": "roneneldan/TinyStories", "eval": {"split": "validation"}}),
+    ]
+    for spec in specs:
+        (sweeps / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    c = Cluster(tmp)
+    try:
+        c.start_server()
+        deployed = c.run(str(BIN / "ablate"), "deploy", "--sweeps", str(sweeps), "--db", c.url, "--artifacts",
+                         str(tmp / "art"), "--slots", "lab=2", timeout=patience(180))
+        assert deployed.returncode == 0, deployed.stderr[-3000:]
+        c.start(str(BIN / "prefect"), "worker", "start", "--pool", "sweeps", "--name", "sweeps-worker")
+        c.workers = [c.start(str(BIN / "ablate"), "worker", "--pool", "lab") for _ in range(2)]
+        yield c
+    finally:
+        c.stop()
+
+
+def test_a_machine_that_dies_mid_trial_loses_its_run_to_the_other_worker_which_resumes_it(cluster):
+    t0 = time.monotonic()
+    flow_run_id = cluster.deployment_run("sweep/resume", "checkpoint_every=2")
+    engine = store.connect(cluster.url)
+
+    def run_row():
+        with engine.connect() as conn:
+            return conn.execute(sa.select(store.Run).join(store.Sweep).where(store.Sweep.name == "resume")).first()
+
+    deadline = Deadline(240)
+    while True:  # training, with a checkpoint on disk and points in the DB
+        row = run_row()
+        if (row is not None and row.status == "running" and row.pid and row.checkpoint_path
+                and Path(row.checkpoint_path).exists() and (row.last_step or 0) > 0 and row.train_seconds is None):
+            break
+        deadline.check(f"the run never trained: {row}")
+        time.sleep(0.5)
+    time.sleep(2)
+    row = run_row()
+    victim = next(w for w in cluster.workers if row.pid in _tree(w.pid))
+    with engine.connect() as conn:
+        kept = conn.execute(sa.select(sa.func.max(store.Metric.id)).where(store.Metric.run_id == row.id)).scalar()
+    killed_at = time.monotonic()
+    _kill_tree(victim.pid, signal.SIGKILL)  # the machine dies: worker, flow run process and trainer at once
+
+    deadline = Deadline(300)
+    resumed_at = None
+    while True:
+        state = cluster.flow_run(flow_run_id).state
+        now = run_row()
+        if resumed_at is None and now.status == "running" and now.attempts == 2 and now.pid and now.pid != row.pid:
+            resumed_at = time.monotonic()
+        if state.is_final():
+            break
+        deadline.check(f"the sweep did not finish: {now.status}")
+        time.sleep(1)
+    done = run_row()
+    print(f"timings: first trainer running after {killed_at - t0:.1f} s; resumed on the other worker "
+          f"{(resumed_at or float('nan')) - killed_at:.1f} s after the kill; sweep done {time.monotonic() - killed_at:.1f} "
+          "s after the kill")
+    assert state.is_completed(), state
+    assert done.status == "completed" and done.attempts == 2, (done.status, done.error)
+    # the run dispatched again was scheduled ahead of every trial the sweep dispatched first (workers take the
+    # earliest scheduled flow run): it does not queue behind the whole sweep
+    first, again = cluster.trial_flow_runs(engine, done.id)
+    assert again.expected_start_time < first.expected_start_time, (first.expected_start_time, again.expected_start_time)
+    survivor = next(w for w in cluster.workers if w is not victim)
+    assert survivor.poll() is None
+    with engine.connect() as conn:
+        points = conn.execute(sa.select(store.Metric.id, store.Metric.step).where(
+            store.Metric.run_id == done.id, store.Metric.split == "train").order_by(store.Metric.step)).all()
+    steps = [p.step for p in points]
+    assert steps == sorted(set(steps)) and steps[0] > 0, steps  # one point per step logged, in order
+    before = [p for p in points if p.id <= kept]
+    assert before and all(p.step <= max(q.step for q in before) for p in before)  # the points up to the checkpoint
+    after = [p for p in points if p.id > kept]  # stayed; the resumed trainer logged only past it
+    assert after and min(p.step for p in after) > max(p.step for p in before), (before[-3:], after[:3])
+    gaps = sorted(b - a for a, b in zip(steps, steps[1:]))
+    boundary = min(p.step for p in after) - max(p.step for p in before)
+    assert boundary <= 5 * max(1, gaps[len(gaps) // 2]), (boundary, gaps)  # contiguous: no hole where it died
+    assert done.train_seconds == pytest.approx(24, abs=3)  # the budget once
+    cluster.workers[cluster.workers.index(victim)] = cluster.start(str(BIN / "ablate"), "worker", "--pool", "lab")
+
+
+def test_an_offline_hub_dataset_fails_the_sweep_before_any_trial_with_one_message(cluster):
+    t0 = time.monotonic()
+    out = cluster.run(str(BIN / "prefect"), "deployment", "run", "sweep/hub", "--watch", "--watch-timeout", "200",
+                      timeout=240)
+    took = time.monotonic() - t0
+    print(f"timings: offline hub sweep failed in {took:.1f} s (exit {out.returncode})")
+    assert out.returncode != 0, out.stdout[-2000:]
+    assert "Failed" in out.stdout + out.stderr
+    # the reason is in what --watch prints, not only in the flow run's logs
+    assert "cannot load 'roneneldan/TinyStories' from the HuggingFace hub" in " ".join(out.stdout.split()), \
+        out.stdout[-3000:]
+    flow_run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out.stdout).group(1)
+    logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
+    assert "cannot load 'roneneldan/TinyStories' from the HuggingFace hub (HF_HUB_OFFLINE is set" in logs, logs[-2000:]
+    engine = store.connect(cluster.url)
+    with engine.connect() as conn:  # nothing registered, nothing dispatched
+        assert conn.execute(sa.select(sa.func.count()).select_from(store.Sweep).where(store.Sweep.name == "hub")).scalar() == 0
+
+
+def test_a_pool_without_a_worker_is_said_in_the_sweep_log_and_a_cancel_reaches_its_trials(cluster):
+    """The sweep flow's process is stuck (SIGSTOP) when the cancel comes, so it cannot cancel its trials itself:
+    the worker kills it after Prefect's 30 s grace and runs the flow's on_cancellation hook, which does."""
+    t0 = time.monotonic()
+    flow_run_id = cluster.deployment_run("sweep/nobody")
+    deadline = Deadline(60)
+    while "has no live worker" not in (logs := cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout):
+        deadline.check(logs[-2000:])
+        time.sleep(1)
+    print(f"timings: 'no live worker' in the sweep log {time.monotonic() - t0:.1f} s after the deployment run")
+    assert "work pool 'idle' has no live worker" in logs
+    engine = store.connect(cluster.url)
+
+    def trials() -> list:
+        with engine.connect() as conn:
+            return conn.execute(sa.select(store.Run.id, store.Run.status).join(store.Sweep)
+                                .where(store.Sweep.name == "nobody")).all()
+
+    runs = wait_until(lambda: len(found := cluster.trial_flow_runs_of(flow_run_id)) == 2 and found, 60,
+                      "both trials dispatched")
+    assert [r.status for r in trials()] == ["pending", "pending"]
+    flow_pid = int(str(cluster.flow_run(flow_run_id).infrastructure_pid).rsplit(":", 1)[-1])
+    os.kill(flow_pid, signal.SIGSTOP)
+    t1 = time.monotonic()
+    assert cluster.run(str(BIN / "prefect"), "flow-run", "cancel", flow_run_id).returncode == 0
+    try:
+        wait_until(lambda: [r.status for r in trials()] == ["cancelled", "cancelled"], 90, "runs cancelled")
+    except AssertionError as exc:  # what the sweep flow and the worker said, for the failure message
+        state = cluster.flow_run(flow_run_id).state
+        logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
+        raise AssertionError(f"{exc}: {trials()}; the sweep flow run is {state.name} ({state.message}); "
+                             f"its log ends:\n{logs[-3000:]}") from None
+    print(f"timings: a stuck sweep flow's runs cancelled {time.monotonic() - t1:.1f} s after `flow-run cancel`")
+    assert not store.pid_alive(flow_pid)
+    wait_until(lambda: cluster.flow_run(flow_run_id).state.is_cancelled(), 30, "the sweep flow run Cancelled")
+    # its trial flow runs, waiting for a worker that never came, are cancelled too: no worker will start them
+    for run in runs:
+        assert cluster.flow_run(run.id).state.is_cancelled(), (run.id, cluster.flow_run(run.id).state)
+    logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
+    assert "sweep nobody cancelled: 2 waiting and 0 running runs marked cancelled" in " ".join(logs.split()), \
+        logs[-2000:]
+
+
+def test_cancelling_a_sweep_flow_run_leaves_no_trainer_running_within_30_s(cluster):
+    flow_run_id = cluster.deployment_run("sweep/cancel")
+    engine = store.connect(cluster.url)
+    deadline = Deadline(240)
+    while True:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(store.Run.id, store.Run.status, store.Run.last_step).join(store.Sweep)
+                                .where(store.Sweep.name == "cancel")).all()
+        ids = [r.id for r in rows]
+        if rows and all(r.status == "running" and r.last_step for r in rows) and len(trainers(ids)) == 2:
+            break
+        deadline.check(rows)
+        time.sleep(0.5)
+    t0, stopping = time.monotonic(), Deadline(30)
+    assert cluster.run(str(BIN / "prefect"), "flow-run", "cancel", flow_run_id).returncode == 0
+    while trainers(ids):
+        stopping.check(f"trainers still running 30 s after the cancel: {trainers(ids)}")
+        time.sleep(0.5)
+    gone = time.monotonic() - t0
+    deadline = Deadline(60)
+    while True:
+        with engine.connect() as conn:
+            statuses = conn.execute(sa.select(store.Run.status).where(store.Run.id.in_(ids))).scalars().all()
+        if statuses == ["cancelled", "cancelled"]:
+            break
+        if deadline.passed():  # what the sweep flow saw, for the failure message
+            state = cluster.flow_run(flow_run_id).state
+            logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
+            raise AssertionError(f"{statuses}; the sweep flow run is {state.name} ({state.message}); "
+                                 f"its log ends:\n{logs[-3000:]}")
+        time.sleep(1)
+    print(f"timings: both trainers gone {gone:.1f} s after `prefect flow-run cancel`")
+
+
+def test_a_prefect_server_restart_mid_sweep_is_ridden_out_and_nothing_is_trained_twice(cluster):
+    """The server is down longer than Prefect's own client retries (5, about a minute): the sweep flow rides it
+    out, trials that ended meanwhile are read from the DB, the waiting one runs after; a second run of the
+    deployment trains nothing again."""
+    flow_run_id = cluster.deployment_run("sweep/outage")
+    engine = store.connect(cluster.url)
+
+    def rows():
+        with engine.connect() as conn:
+            return conn.execute(sa.select(store.Run.id, store.Run.status, store.Run.attempts, store.Run.last_step).join(store.Sweep)
+                                .where(store.Sweep.name == "outage").order_by(store.Run.id)).all()
+
+    deadline = Deadline(240)
+    while sum(r.status == "running" and (r.last_step or 0) > 0 for r in rows()) < 2:
+        deadline.check(rows())
+        time.sleep(0.5)
+    _kill_tree(cluster.server.pid, signal.SIGKILL)
+    cluster.server.wait()
+    down = time.monotonic()
+    time.sleep(75)
+    cluster.start_server()
+    print(f"timings: Prefect server down {time.monotonic() - down:.0f} s")
+    deadline = Deadline(400)
+    while not (state := cluster.flow_run(flow_run_id).state).is_final():
+        deadline.check((state, rows()))
+        time.sleep(2)
+    logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
+    assert state.is_completed(), (state, logs[-3000:])
+    assert "the Prefect API is unreachable" in logs, logs[-3000:]
+    final = rows()
+    assert [(r.status, r.attempts) for r in final] == [("completed", 1)] * 3, final
+    again = cluster.run(str(BIN / "prefect"), "deployment", "run", "sweep/outage", "--watch", "--watch-timeout",
+                        "300", timeout=360)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert [(r.status, r.attempts) for r in rows()] == [("completed", 1)] * 3  # nothing trained again
+
+
+def test_a_search_flow_run_on_a_dead_machine_is_marked_crashed(cluster):
+    """Search flow runs have no sweep flow watching them: the automation `ablate deploy` makes marks one whose
+    heartbeats stopped Crashed (freeing its pool slot); its trial resumes with the next search flow run."""
+    flow_run_id = cluster.deployment_run("search/zombie")
+    engine = store.connect(cluster.url)
+    deadline = Deadline(240)
+    while True:
+        with engine.connect() as conn:
+            row = conn.execute(sa.select(store.Run).join(store.Sweep).where(store.Sweep.name == "zombie")).first()
+        if row is not None and row.status == "running" and row.pid and (row.last_step or 0) > 0:
+            break
+        deadline.check(row)
+        time.sleep(1)
+    victim = next(w for w in cluster.workers if row.pid in _tree(w.pid))
+    _kill_tree(victim.pid, signal.SIGKILL)  # the machine dies with the search flow run on it
+    killed = time.monotonic()
+    deadline = Deadline(300)
+    while not (state := cluster.flow_run(flow_run_id).state).is_final():
+        deadline.check(f"the search flow run is still {state.name} {time.monotonic() - killed:.0f} s after its "
+                       "machine died")
+        time.sleep(2)
+    print(f"timings: search flow run {state.name} {time.monotonic() - killed:.0f} s after its machine died")
+    assert state.is_crashed() and "no heartbeat" in (state.message or ""), state
+    cluster.workers[cluster.workers.index(victim)] = cluster.start(str(BIN / "ablate"), "worker", "--pool", "lab")

@@ -1,0 +1,251 @@
+"""Orchestration with real Prefect: the sweep flow end to end, skip/resume rules, outcomes as results."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from ablate import runner, store
+from ablate.config import TrialConfig
+from tests.waiting import Deadline, patience
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def prefect_harness():
+    """Prefect's test harness: a temporary API server for the module (real flow runs, no mocks)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=int(patience(120))):
+        yield
+
+
+def smoke_spec(tmp_path: Path, **budget) -> Path:
+    data = yaml.safe_load((REPO / "sweeps" / "smoke.yaml").read_text())
+    data["budget"] = {"steps": 12, "hardware": "cpu", **budget}
+    data["dataset"], data["tokenizer"] = {"source": "ablate:tinystories-sample", "eval": {"holdout": 24}, "packing": "pad"}, {"vocab_size": 512}  # the small sample: fast
+    data["defaults"]["context"] = 64
+    data["eval"] = {"at": [0.5]}
+    path = tmp_path / "smoke.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def flow_run_logs(flow_run_id, until: str, timeout: float = 30) -> list[str]:
+    """The flow run's log messages, once one containing `until` has reached the API (logs are sent in batches)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    deadline = Deadline(timeout)
+    while True:
+        with get_client(sync_client=True) as client:
+            logs = [log.message for log in client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)]
+        if any(until in m for m in logs) or deadline.passed():
+            assert any(until in m for m in logs), logs[:20]
+            return logs
+        time.sleep(0.5)
+
+
+def statuses(url: str) -> dict[int, str]:
+    with store.connect(url).connect() as conn:
+        return dict(conn.execute(sa.select(store.Run.id, store.Run.status)).all())
+
+
+def metric_count(url: str, run_id: int | None = None) -> int:
+    q = sa.select(sa.func.count()).select_from(store.Metric)
+    if run_id is not None:
+        q = q.where(store.Metric.run_id == run_id)
+    with store.connect(url).connect() as conn:
+        return conn.execute(q).scalar()
+
+
+@pytest.mark.slow
+def test_smoke_sweep_end_to_end_then_only_what_is_owed(prefect_harness, tmp_path, monkeypatch):
+    from ablate.runner import warm
+    from flows.sweep import sweep
+
+    monkeypatch.delenv("ABLATE_WARM_TRAINER", raising=False)
+    forked: list[list[str]] = []  # trainers forked from the warm helper (the others start as cold processes)
+    spawn = warm.WarmTrainer.spawn
+    monkeypatch.setattr(warm.WarmTrainer, "spawn", lambda self, argv, *a: forked.append(argv) or spawn(self, argv, *a))
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    spec = smoke_spec(tmp_path)
+    art = str(tmp_path / "art")
+    state = sweep(spec=str(spec), db_url=url, artifacts=art, return_state=True)
+    result = state.result()
+    assert len(result) == 4 and set(result.values()) == {"completed"}
+    assert len(forked) == 4  # local trials share this process's helper
+    # the sweep's Prefect log says what it built, without the bytecode that `datasets`' function hashing (dill's
+    # global-name scan) prints while it builds the token cache
+    logs = flow_run_logs(state.state_details.flow_run_id, until="data 1/1")
+    assert not [m for m in logs if "LOAD_GLOBAL" in m or "RETURN_VALUE" in m or "Disassembly of" in m], logs[:20]
+    assert set(statuses(url).values()) == {"completed"}
+    for rid in result:
+        assert metric_count(url, rid) >= 3
+    before = metric_count(url)
+
+    assert sweep(spec=str(spec), db_url=url, artifacts=art) == {}  # nothing new to run
+    assert metric_count(url) == before
+
+    victim = sorted(result)[1]
+    store.update_run(store.connect(url), victim, status="failed")
+    again = sweep(spec=str(spec), db_url=url, artifacts=art)
+    assert again == {victim: "completed"}  # only the failed one runs
+    assert len(forked) == 4  # alone, it started cold: a helper is worth it only for several trials
+
+
+@pytest.mark.slow
+def test_killed_trial_is_resumed_by_the_next_sweep_without_duplicate_metrics(prefect_harness, tmp_path):
+    from flows.sweep import sweep
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    steps = 3000  # long enough that the kill lands mid-run on a fast idle machine too; ~45 s in all, idle
+    spec = smoke_spec(tmp_path, steps=steps)
+    spec_data = yaml.safe_load(spec.read_text())
+    spec_data["grid"] = [{"architecture": "mixer", "d_model": 32}]
+    spec.write_text(yaml.safe_dump(spec_data))
+    _, _, (run_id,) = runner.register(spec, url)
+    art = tmp_path / "art"
+    # a trainer started as the runner would, killed once it has a checkpoint and metrics past it
+    opts = runner.RunOptions(db_url=url, artifacts=art, checkpoint_every=1.0, threads=1)
+    store.claim_run(store.connect(url), run_id, "test")
+    proc = subprocess.Popen(runner.trainer_command(TrialConfig.model_validate(store.get_run(store.connect(url), run_id).config), run_id, opts),
+                            env={**os.environ, "ABLATE_DB_URL": url, "ABLATE_CLAIMANT": "test"})
+    store.update_run(store.connect(url), run_id, pid=proc.pid)
+    deadline = Deadline(180)
+    while not deadline.passed() and not (list(art.glob("runs/*/*/checkpoint.pt")) and metric_count(url, run_id) >= 3):
+        time.sleep(0.2)
+    time.sleep(0.3)
+    assert proc.poll() is None, "the trainer finished before it could be killed: raise `steps`"
+    proc.kill()
+    proc.wait()
+    assert runner.classify(store.connect(url), run_id, proc.returncode) == "preempted"
+    result = sweep(spec=str(spec), db_url=url, artifacts=str(art), checkpoint_every=1.0)
+    assert result == {run_id: "completed"}
+    with store.connect(url).connect() as conn:
+        pairs = conn.execute(sa.select(store.Metric.split, store.Metric.step).where(store.Metric.run_id == run_id)).all()
+    assert len(pairs) == len(set(pairs))
+    assert store.get_run(store.connect(url), run_id).steps == steps
+
+
+@pytest.mark.slow
+def test_diverged_and_oom_trials_are_results_while_others_complete(prefect_harness, tmp_path):
+    from flows.sweep import sweep
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    spec = smoke_spec(tmp_path)
+    data = yaml.safe_load(spec.read_text())
+    data["grid"] = [
+        {"architecture": "mixer", "d_model": 32},
+        {"architecture": "mixer", "d_model": 32, "lr": 1.0, "warmup": 0.0, "options": {"norm": False}},  # diverges
+        {"architecture": "mixer", "d_model": 1024, "layers": 4},  # too big for the cap below
+    ]
+    data["budget"]["steps"] = 30
+    spec.write_text(yaml.safe_dump(data))
+    # cap between the small models' peak and the big one's
+    result = sweep(spec=str(spec), db_url=url, artifacts=str(tmp_path / "art"), memory_cap_mb=900)
+    assert sorted(result.values()) == ["completed", "diverged", "oom"]
+
+
+@pytest.mark.slow
+def test_the_sweep_flow_runs_a_study_sweep_on_a_local_corpus_and_one_gpu_by_its_parameters(prefect_harness, tmp_path):
+    """`prefect deployment run sweep/NAME --param source=... --param gpus=1`: a study spec that evaluates on the
+    hub's validation split and trains on 2 GPUs runs here on the embedded sample, one process, the same global
+    batch (before: the flow failed on the split, and no parameter could change the GPU count)."""
+    from flows.sweep import sweep
+
+    data = yaml.safe_load((REPO / "sweeps" / "tinystories-heads.yaml").read_text())
+    data.update(budget={"steps": 3, "hardware": "rtx3060", "gpus": 2}, tokenizer={"vocab_size": 300}, eval={"at": [0.5]})
+    data["defaults"].update(d_model=32, layers=1, heads=2, context=32, batch_size=2, precision="fp32")
+    data["grid"], data["reference"] = [{"heads": [2]}], []
+    spec = tmp_path / "heads.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    result = sweep(spec=str(spec), db_url=url, artifacts=str(tmp_path / "art"), source="ablate:tinystories-sample",
+                   holdout=20, gpus=1, hardware="cpu")
+    assert list(result.values()) == ["completed"]
+    run = store.get_run(store.connect(url), next(iter(result)))
+    assert run.config["budget"]["gpus"] == 1 and run.config["grad_accum"] == 2 and run.config["batch_size"] == 2
+    assert run.config["dataset"]["eval"]["holdout"] == 20 and run.config["eos_is_target"] is False
+
+
+@pytest.mark.slow
+def test_a_hardware_override_with_no_pool_is_refused_before_anything_is_registered(prefect_harness, tmp_path):
+    from ablate.config.errors import AblateError
+    from flows.sweep import sweep
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    with pytest.raises(AblateError, match=r"no deployment trial/h100.*ablate deploy --pool h100"):
+        sweep(spec=str(smoke_spec(tmp_path)), db_url=url, artifacts=str(tmp_path / "art"), use_deployments=True,
+              hardware="h100")
+    assert not (tmp_path / "r.db").exists() and not (tmp_path / "art").exists()
+
+
+def test_runs_to_do_rules(sqlite_url, tmp_path):
+    spec = smoke_spec(tmp_path)
+    _, sweep_id, ids = runner.register(spec, sqlite_url)
+    engine = store.connect(sqlite_url)
+    store.update_run(engine, ids[0], status="completed")
+    store.update_run(engine, ids[1], status="failed", attempts=runner.MAX_ATTEMPTS)
+    stale = store.utcnow() - dt.timedelta(seconds=store.STALE_SECONDS + 1)
+    store.update_run(engine, ids[2], status="running", heartbeat_at=stale)  # its claimant died (any host)
+    assert runner.runs_to_do(engine, sweep_id, ids) == [ids[2], ids[3]]
+    assert runner.runs_to_do(engine, sweep_id, ids, retry_failed=True) == [ids[1], ids[2], ids[3]]
+    store.update_run(engine, ids[3], status="running", heartbeat_at=store.utcnow())  # a live claimant, on any host
+    assert runner.runs_to_do(engine, sweep_id, ids) == [ids[2]]
+
+
+def test_trainer_command_uses_torchrun_for_several_gpus(tmp_path):
+    spec = smoke_spec(tmp_path, gpus=4)
+    from ablate.config import load_trials
+
+    _, trials = load_trials(spec)
+    cmd = runner.trainer_command(trials[0], 7, runner.RunOptions(db_url="sqlite:///x.db"))
+    assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--nproc_per_node=4" in cmd
+    assert cmd[cmd.index("--run-id") + 1] == "7"
+
+
+def test_docker_compose_names_only_things_that_exist():
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"postgres", "prefect-server", "gpu-worker", "sweep-worker", "deployer"} <= set(services)
+    assert (REPO / "Dockerfile").exists()
+    for mount in services["postgres"]["volumes"]:
+        src = mount.split(":")[0]
+        assert src in compose["volumes"] or (REPO / src).exists(), src
+    gpu = services["gpu-worker"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert gpu["driver"] == "nvidia" and "gpu" in gpu["capabilities"]
+    from ablate.cli import build_parser
+
+    parser = build_parser()
+    for name, svc in services.items():
+        cmd = svc.get("command")
+        if not cmd:
+            continue
+        text = " ".join(cmd) if isinstance(cmd, list) else cmd
+        text = re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", text)  # what compose runs when the variable is unset
+        for part in text.split("&&"):
+            words = part.replace("sh -c", "").split()
+            if words and words[0] == "ablate":
+                parser.parse_args(words[1:])  # every ablate command in the file parses
+            elif words and words[0] == "prefect":
+                assert (Path(sys.executable).parent / "prefect").exists() or shutil.which("prefect")
+                if words[1:3] == ["worker", "start"]:
+                    pool = words[words.index("--pool") + 1]
+                    assert pool == "sweeps" or pool.startswith("${ABLATE_POOL"), pool
+    env = compose["x-ablate-env"]
+    assert {"ABLATE_DB_URL", "PREFECT_API_URL", "ABLATE_ARTIFACTS"} <= set(env)
+    source = "".join(p.read_text() for p in (REPO / "ablate").rglob("*.py"))
+    assert "ABLATE_DB_URL" in source and "ABLATE_ARTIFACTS" in source
