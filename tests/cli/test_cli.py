@@ -191,3 +191,36 @@ def test_kill_usr1_prints_where_every_thread_of_the_program_is(tmp_path):
         _, err = proc.communicate(timeout=patience(60))
     assert "Current thread" in err or "Thread 0x" in err, err[-2000:]
     assert "ablate/results/sql.py" in err, err[-2000:]  # the query's frame, named
+
+
+def test_a_command_line_that_does_not_parse_exits_2_and_says_what_is_wrong(capsys):
+    assert main(["plan", SMOKE, "--max-trials", "many"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-trials" in err and "'many' is not a valid integer" in err and "Usage: ablate plan" in err
+    assert main(["sweep", "run"]) == 2
+    assert "Missing argument 'SPEC'" in capsys.readouterr().err
+    assert main(["sql", "SELECT 1", "--format", "xml"]) == 2
+    assert "--format" in capsys.readouterr().err
+    assert main(["worker"]) == 2
+    assert "--pool" in capsys.readouterr().err
+    assert main(["sweep", "run", SMOKE, "--no-such-flag"]) == 2
+    assert "--no-such-flag" in capsys.readouterr().err
+    assert main(["sweep", "status", "-h"]) == 0 and "--format [table|csv]" in capsys.readouterr().out
+
+
+def test_flags_are_read_as_they_always_were():
+    from ablate.cli import parse
+
+    # --db before or after the command (the last one given wins)
+    assert parse(["--db", "a.db", "sql", "SELECT 1"]).params["db"] == "a.db"
+    assert parse(["--db", "a.db", "sweep", "--db", "b.db", "status", "x"]).params["db"] == "b.db"
+    assert parse(["sweep", "status", "x", "--db", "c.db"]).params["db"] == "c.db"
+    assert parse(["sweep", "status", "x"]).params["db"] is None
+    # several values after one flag, as `--compare A B`; repeatable flags
+    assert parse(["report", "s", "--compare", "a", "b", "--out", "o"]).params["compare"] == ("a", "b")
+    assert parse(["retrieval", "s", "--candidates", "1", "10", "--quiet"]).params["candidates"] == (1, 10)
+    deploy = parse(["deploy", "--pool", "h100", "--pool", "a100", "--slots", "v100=4", "--slots", "cpu=1"]).params
+    assert deploy["pools"] == ("h100", "a100") and deploy["slots"] == ("v100=4", "cpu=1")
+    run = parse(["sweep", "run", SMOKE, "--budget", "steps=20", "--vocab-size", "512", "--merge"]).params
+    assert run["budget"] == "steps=20" and run["vocab_size"] == 512 and run["merge"] and run["gpu_slots"] is None
+    assert run["artifacts"] == "results/artifacts" and run["max_trials"] == 10_000

@@ -45,4 +45,4 @@ import ablate.store, ablate.report, ablate.runner
 def test_plan_and_a_sweep_runners_start_import_no_torch():
     plan = "from ablate import cli\nassert cli.main(['plan', 'sweeps/smoke.yaml']) == 0"
     assert heavy_imports(plan, (*HEAVY, "sqlalchemy")) == []  # a local-data spec needs no database code either
-    assert heavy_imports("from ablate import cli\nimport flows.sweep\ncli.build_parser()") == []
+    assert heavy_imports("from ablate import cli\nimport flows.sweep\ncli.parse(['sweep', 'run', 'sweeps/smoke.yaml'])") == []

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ablate.cli import build_parser
+from ablate.cli import cli
 
 REPO = Path(__file__).resolve().parents[2]
 SECRETS = {"ABLATE_PG_PASSWORD": "s3cret-app", "ABLATE_PG_ADMIN_PASSWORD": "s3cret-admin",
@@ -108,8 +108,7 @@ def test_workers_run_one_trial_per_gpu_share_artifacts_and_ipc():
 
 
 def test_the_commands_the_services_run_exist():
-    parser = build_parser()
-    subcommands = next(a for a in parser._actions if a.dest == "command").choices
+    subcommands = cli.commands
     for name, svc in _services().items():
         command = svc.get("command")
         if not command:

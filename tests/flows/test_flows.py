@@ -227,9 +227,8 @@ def test_docker_compose_names_only_things_that_exist():
         assert src in compose["volumes"] or (REPO / src).exists(), src
     gpu = services["gpu-worker"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu["driver"] == "nvidia" and "gpu" in gpu["capabilities"]
-    from ablate.cli import build_parser
+    from ablate.cli import parse
 
-    parser = build_parser()
     for name, svc in services.items():
         cmd = svc.get("command")
         if not cmd:
@@ -239,7 +238,7 @@ def test_docker_compose_names_only_things_that_exist():
         for part in text.split("&&"):
             words = part.replace("sh -c", "").split()
             if words and words[0] == "ablate":
-                parser.parse_args(words[1:])  # every ablate command in the file parses
+                parse(words[1:])  # every ablate command in the file parses
             elif words and words[0] == "prefect":
                 assert (Path(sys.executable).parent / "prefect").exists() or shutil.which("prefect")
                 if words[1:3] == ["worker", "start"]:

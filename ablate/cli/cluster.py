@@ -1,0 +1,129 @@
+"""Cluster mode: `ablate worker` (Prefect workers for a pool on this machine, one per GPU group) and `ablate deploy`
+(the Prefect deployments on the server at PREFECT_API_URL)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from ablate.cli.common import about, console, db_option
+from ablate.config.errors import AblateError
+from ablate.config.settings import environment
+
+
+@click.command(**about("Prefect workers for a pool here: one trial per GPU"))
+@click.option("--pool", required=True, help="the work pool: the hardware class of the sweeps (rtx3060, v100, cpu)")
+@click.option("--gpus-per-trial", type=int, default=lambda: environment().gpus_per_trial,
+              show_default=False, help="GPUs each trial gets (the sweeps' budget.gpus; default $ABLATE_GPUS_PER_TRIAL "
+                                       "or 1)")
+@click.option("--slots", type=int, default=1, help="without GPUs: trials at once (default 1)")
+@db_option(expose=False)
+def worker(pool: str, gpus_per_trial: int, slots: int) -> int:
+    """Prefect workers for a work pool on this machine: one per group of --gpus-per-trial GPUs, each running at
+    most one trial at a time on its own CUDA_VISIBLE_DEVICES (no two trials share a GPU); on a machine without
+    GPUs, one worker running --slots trials at once. Stops them all on Ctrl-C / SIGTERM."""
+    groups = gpu_groups(gpus_per_trial)
+    limit = 1 if groups else slots
+    procs = [_start_worker(pool, group, limit) for group in groups or [None]]
+    ended = _wait_for_any(procs)
+    return 0 if ended is None else abs(ended.returncode or 0)
+
+
+def gpu_groups(per: int) -> list[list[str]]:
+    """This machine's visible GPUs in groups of `per` (none without GPUs)."""
+    from ablate import runner
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    count = runner.visible_gpus()
+    ids = [d.strip() for d in visible.split(",")][:count] if visible is not None else [str(i) for i in range(count)]
+    groups = [ids[i:i + per] for i in range(0, len(ids) - per + 1, per)]
+    if ids and not groups:
+        raise AblateError(f"--gpus-per-trial {per}: this machine shows only {len(ids)} GPU(s) ({','.join(ids)})")
+    return groups
+
+
+def _start_worker(pool: str, group: list[str] | None, limit: int) -> Any:
+    """`prefect worker start` for the pool, on the GPUs of `group` (None: no GPU)."""
+    import socket
+    import subprocess
+
+    env = dict(os.environ)
+    label = "cpu"
+    if group is not None:
+        env["CUDA_VISIBLE_DEVICES"] = label = ",".join(group)
+    cmd = [_prefect_command(), "worker", "start", "--pool", pool, "--type", "process", "--limit", str(limit),
+           "--name", f"{socket.gethostname()}-{pool}-{label.replace(',', '+')}-{os.getpid()}"]
+    console.print(f"worker on pool {pool}: {'GPUs ' + label if group else 'no GPU'}, at most {limit} trial(s) "
+                  f"at once: {' '.join(cmd)}")
+    return subprocess.Popen(cmd, env=env)
+
+
+def _wait_for_any(procs: list[Any]) -> Any:
+    """Until a worker ends, or Ctrl-C / SIGTERM: then every worker is stopped (so a restart policy restarts them
+    all); the one that ended first, or None."""
+    import signal
+    import time
+
+    told = {"stop": False}
+
+    def stop(*_: Any) -> None:
+        told["stop"] = True
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while not told["stop"] and all(p.poll() is None for p in procs):
+            time.sleep(1)
+    except KeyboardInterrupt:
+        told["stop"] = True
+    ended = next((p for p in procs if p.poll() is not None), None)
+    stop()
+    for p in procs:
+        p.wait()
+    return ended
+
+
+def _prefect_command() -> str:
+    """`prefect` on PATH, else the one installed beside this Python (a venv used without activating it)."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    beside = Path(sys.executable).parent / "prefect"
+    return shutil.which("prefect") or (str(beside) if beside.exists() else "prefect")
+
+
+@click.command(**about("register Prefect deployments sweep/<name> and trial/<hardware>"))
+@click.option("--sweeps", default="sweeps", help="folder of sweep files")
+@click.option("--pool", "pools", multiple=True, metavar="HARDWARE",
+              help="also a work pool and trial deployment for this hardware (for --param hardware=... overrides)")
+@click.option("--artifacts", default=None, help="shared artifacts path the workers use")
+@click.option("--slots", multiple=True, metavar="HARDWARE=N", help="GPU slots (pool concurrency) per hardware class; "
+              "default 1")
+@db_option()
+def deploy(sweeps: str, pools: tuple[str, ...], artifacts: str | None, slots: tuple[str, ...], db: str | None) -> int:
+    """Register Prefect deployments on the server at PREFECT_API_URL."""
+    from pathlib import Path
+
+    from flows.deploy import deploy_all
+
+    names = deploy_all(Path(sweeps), db_url=db, artifacts=artifacts, slots=_slots(slots), pools=list(pools),
+                       say=lambda line: console.print(line, highlight=False))
+    console.print(f"registered {len(names)} deployments")
+    console.print("start workers with: prefect worker start --pool sweeps  and  prefect worker start --pool HARDWARE")
+    return 0
+
+
+def _slots(items: tuple[str, ...]) -> dict[str, int]:
+    """{hardware: N} from --slots HARDWARE=N ..."""
+    slots = {}
+    for item in items:
+        hardware, _, n = item.partition("=")
+        if not n.isdigit():
+            raise AblateError(f"--slots {item!r}: write HARDWARE=N, e.g. --slots rtx3060=1 --slots v100=4")
+        slots[hardware] = int(n)
+    return slots

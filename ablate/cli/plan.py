@@ -1,0 +1,157 @@
+"""`ablate plan SPEC`: validate a sweep file and list its trials, parameter counts and total budget (torch-free)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from ablate.cli.common import (OVERRIDES_NOTE, STATUS_ROWS, about, console, db_option, err_console, human_count,
+                               human_seconds, override_options, overrides_of)
+from ablate.config.errors import AblateError
+
+
+@click.command(**about("validate a sweep file and list its trials",
+                       "SPEC: sweep file, e.g. sweeps/tinystories-widths.yaml"), epilog=OVERRIDES_NOTE)
+@click.argument("spec")
+@click.option("--max-trials", type=int, default=10_000, help="refuse grids larger than this (default 10,000)")
+@click.option("--all", "all_", is_flag=True, help="list every trial (default: the first 200, the rest counted)")
+@override_options(merge=False)
+@db_option(expose=False)
+def plan(spec: str, max_trials: int, all_: bool, **params: Any) -> int:
+    from ablate.config import load_trials
+
+    parsed, trials = load_trials(spec, max_trials=max_trials, overrides=overrides_of(params))
+    console.print(trials_table(parsed, trials, len(trials) if all_ else min(len(trials), STATUS_ROWS)))
+    per_class = budget_per_class(trials)
+    if parsed.search is not None:  # the table shows the base trial; the search samples the rest
+        search = parsed.search
+        console.print(f"search: {search.n_trials} trials sampled by {search.sampler} (pruner {search.pruner}) from the "
+                      "trial above, over " + "; ".join(f"{k} {_search_range(v)}" for k, v in search.parameters.items())
+                      + f". Run it with `ablate search run {spec}`.")
+        per_class = {key: parsed.budget.amount * search.n_trials for key in per_class}
+    else:
+        console.print(f"{len(trials)} trials; budget per trial: {parsed.budget.describe()}")
+    _warn_about_hub_data(trials)
+    _print_notes(parsed, trials)
+    _print_totals(parsed.budget.kind, per_class)
+    return 0
+
+
+def trials_table(spec: Any, trials: list[Any], listed: int) -> Table:
+    """The first `listed` trials, a row each (rendering 10,000 rows takes seconds); a caption counts the rest."""
+    table = Table(title=f"sweep {spec.name}: {spec.description}".rstrip(": "), title_justify="left")
+    show_objective = any(t.objective != "clm" for t in trials)
+    show_horizon = any(t.horizon is not None for t in trials)  # the schedule's planned length, where a study gave one
+    for col in ("#", "fingerprint", "architecture", *(["objective"] if show_objective else []), "options", "d_model",
+                "layers", "heads", "context", "lr", "batch", *(["horizon"] if show_horizon else []), "seed", "params",
+                "inter-token", "reference"):
+        table.add_column(col, justify="right" if col not in ("fingerprint", "architecture", "options") else "left")
+    for i, t in enumerate(trials[:listed]):
+        total, inter = _param_counts(t)
+        opts = ",".join(f"{k}={v}" for k, v in sorted(t.options.items()))
+        objective = [objective_label(t.objective, t.objective_options)] if show_objective else []
+        table.add_row(str(i), t.fingerprint(), t.architecture, *objective, opts, str(t.d_model), str(t.layers),
+                      str(t.heads or "-"), str(t.context), f"{t.lr:g}",
+                      f"{t.batch_size}x{t.grad_accum}" if t.grad_accum > 1 else str(t.batch_size),
+                      *([t.horizon.describe() if t.horizon else "budget"] if show_horizon else []), str(t.seed),
+                      human_count(total), human_count(inter), _reference_text(spec, t))
+    if listed < len(trials):
+        table.caption = f"the first {listed:,} of {len(trials):,} trials; --all lists every one"
+        table.caption_justify = "left"
+    return table
+
+
+def _reference_text(spec: Any, trial: Any) -> str:
+    """The published result a trial reproduces (train/eval loss, or peak memory), if the spec names one."""
+    from ablate.config import reference_for
+
+    ref = reference_for(spec, trial)
+    if ref is None:
+        return ""
+    if ref.memory_mb is not None:
+        return f"{ref.memory_mb} MB"
+    return "/".join("-" if v is None else f"{v:.2f}" if round(v, 2) == v else str(v) for v in (ref.train, ref.eval))
+
+
+def budget_per_class(trials: list[Any]) -> dict[str, float]:
+    """The trials' budget summed per hardware class ("1x cpu")."""
+    per_class: dict[str, float] = defaultdict(float)
+    for t in trials:
+        per_class[f"{t.budget.gpus}x {t.budget.hardware}"] += t.budget.amount
+    return per_class
+
+
+def _warn_about_hub_data(trials: list[Any]) -> None:
+    """A hub dataset that cannot load here (offline, unknown id): said now, though this machine may not run it."""
+    try:
+        if any(t.dataset.from_hub for t in trials):  # (the runner brings SQLAlchemy: only when there is one to check)
+            from ablate import runner
+
+            runner.check_sources(trials)
+    except AblateError as exc:
+        err_console.print(f"[yellow]warning:[/] {escape(str(exc))} `ablate sweep run` and the sweep flow check the data "
+                          "before any trial starts, and stop with this message where it cannot load")
+
+
+def _print_notes(spec: Any, trials: list[Any]) -> None:
+    """The overrides applied, the retrieval stage, and the recipes the trials train with."""
+    from ablate.config import describe_recipe
+
+    for note in spec.overrides:
+        console.print(f"override: {note}", highlight=False)
+    if spec.retrieval is not None:
+        console.print(f"retrieval stage: {spec.retrieval.describe()}", highlight=False)
+    recipes = list(dict.fromkeys(describe_recipe(t) for t in trials))
+    for text in recipes[:5]:  # a grid over lr or betas has as many recipes as values; the first few say enough
+        console.print(f"recipe {spec.recipe}: {text}", highlight=False)
+    if len(recipes) > 5:
+        console.print(f"... and {len(recipes) - 5} more recipe variants")
+
+
+def _print_totals(kind: str, per_class: dict[str, float]) -> None:
+    for key, amount in per_class.items():
+        if kind == "wall_clock":
+            console.print(f"total on {key}: {human_seconds(amount)} ({amount / 3600:.1f} h wall clock)")
+        else:
+            console.print(f"total on {key}: {human_count(amount)} {kind}")
+
+
+def _search_range(param: Any) -> str:
+    if param.type == "categorical":
+        return "in {" + ", ".join(str(c) for c in param.choices) + "}"
+    scale = " (log)" if param.log else ""
+    return f"in [{param.low:g}, {param.high:g}]{scale}" + (f" when {param.when}" if param.when else "")
+
+
+def objective_label(objective: str, options: dict | None) -> str:
+    """`multi_token(n_tokens=3)`: an objective with the options a trial sets."""
+    extra = ",".join(f"{k}={v}" for k, v in sorted((options or {}).items()))
+    return f"{objective}({extra})" if extra else objective
+
+
+KNOWN_VOCABS = {"gpt2": 50257, "gpt2-medium": 50257, "gpt-neo-125m": 50257, "llama-7b": 32000}
+
+
+def _param_counts(trial: Any) -> tuple[int, int]:
+    """(total, inter-token) parameters from the family's closed-form formula (torch-free)."""
+    from ablate import models
+
+    fam = models.options_module(trial.architecture)
+    # a loaded tokenizer's size is known only once it is loaded (transformers, maybe the hub): the common ones here
+    vocab = (KNOWN_VOCABS.get(trial.tokenizer.name.rsplit("/", 1)[-1], 32000) if trial.tokenizer.name
+             else trial.tokenizer.vocab_size or 32000)
+    total, inter = fam.param_count(trial, vocab), fam.inter_token_params(trial)
+    if trial.objective in ("bidirectional", "autoencoder"):
+        # two stacks sharing one embedding and head (untied: two vocab x d_model matrices; tied: one)
+        ends = vocab * trial.d_model * (1 if trial.effective_options().get("tie_weights") else 2)
+        total, inter = 2 * total - ends, 2 * inter
+        if trial.objective == "bidirectional" and trial.architecture == "mixer":  # one feed-forward per block
+            total -= trial.layers * fam.feed_forward_params(trial)
+    if trial.objective == "classification":  # the class head (the LM head stays, frozen)
+        settings = trial.objective_settings()
+        total += trial.d_model * settings.classes + (settings.classes if settings.bias else 0)
+    return total, inter

@@ -1,0 +1,150 @@
+"""A sweep's runs on screen: the status table (at most STATUS_ROWS rows, the rest counted), its csv form, and the
+live view of `ablate sweep run`."""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from ablate.cli.common import STATUS_ROWS, console
+
+STATUS_HEADER = ("run", "architecture", "options", "d_model", "layers", "heads", "lr", "batch", "status", "budget",
+                 "steps", "train", "eval", "reason")
+STYLES = {"completed": "green", "running": "cyan", "oom": "yellow", "diverged": "yellow", "failed": "red",
+          "preempted": "magenta"}
+
+
+def runs_table(rows: Sequence[Any], title: str = "", limit: int | None = STATUS_ROWS,
+               counts: dict[str, int] | None = None) -> Table:
+    """One row per run (at most `limit`, None: all): axes, status, progress through the budget, the latest losses
+    and the reason of a failure, from run-row columns only; a caption counts the runs by status (`counts`: the
+    sweep's, where `rows` are only the candidates to show)."""
+    if counts is None:
+        counts = defaultdict(int)
+        for r in rows:
+            counts[r.status] += 1
+    total = sum(counts.values())
+    shown = shown_runs(rows, limit, total) if limit else list(rows)
+    caption = ", ".join(f"{n:,} {status}" for status, n in sorted(counts.items()))
+    if len(shown) < total:
+        caption = (f"showing {len(shown):,} of {total:,} runs (unfinished, the latest finished, the next pending); "
+                   f"{caption}; --all for every run, --format csv for a file")
+    table = Table(title=title, title_justify="left", caption=caption or None, caption_justify="left")
+    for col in STATUS_HEADER:
+        table.add_column(col, justify="left" if col in ("architecture", "options", "status", "reason") else "right")
+    for r in shown:
+        table.add_row(*_table_cells(r))
+    return table
+
+
+def _table_cells(r: Any) -> list[str]:
+    c = _status_cells(r)
+    style = STYLES.get(r.status, "")
+    return [str(c["run"]), c["architecture"], escape(c["options"]), str(c["d_model"]), str(c["layers"]),
+            str(c["heads"] or "-"), f"{c['lr']:g}", str(c["batch"]),
+            f"[{style}]{c['status']}[/]" if style else c["status"], c["budget"],
+            "-" if c["steps"] is None else str(c["steps"]),
+            "-" if c["train"] is None else f"{c['train']:.3f}",
+            "-" if c["eval"] is None else f"{c['eval']:.3f}", escape(c["reason"])]
+
+
+def shown_runs(rows: Sequence[Any], limit: int = STATUS_ROWS, total: int | None = None) -> list[Any]:
+    """At most `limit` rows, in trial order: every unfinished run that is not waiting (running, failed ...),
+    then the latest finished, then the next waiting ones (`total`: the sweep's runs, where `rows` holds only
+    those candidates, runner.status_view)."""
+    if (len(rows) if total is None else total) <= limit:
+        return list(rows)
+    import datetime as dt
+
+    from ablate import store
+
+    waiting = [r for r in rows if r.status == "pending"]
+    done = sorted((r for r in rows if r.status in store.FINISHED),
+                  key=lambda r: (r.finished_at is not None, r.finished_at or dt.datetime.min, r.id), reverse=True)
+    active = [r for r in rows if r.status != "pending" and r.status not in store.FINISHED]
+    keep = {r.id for r in (active + done + waiting)[:limit]}
+    return [r for r in rows if r.id in keep]
+
+
+def print_status_csv(rows: Sequence[Any]) -> None:
+    """Every run as csv on stdout (full precision), for scripts and pipes."""
+    import csv
+
+    writer = csv.DictWriter(sys.stdout, fieldnames=STATUS_HEADER, lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: "" if v is None else v for k, v in _status_cells(r).items()})
+
+
+def _status_cells(r: Any) -> dict[str, Any]:
+    """One run's status row as plain values (csv) keyed by column."""
+    pick = lambda final, last: final if final is not None else last  # noqa: E731
+    return {"run": r.id, "architecture": r.architecture,
+            "options": ",".join(f"{k}={v}" for k, v in sorted((r.options or {}).items())), "d_model": r.d_model,
+            "layers": r.layers, "heads": r.heads, "lr": r.lr, "batch": r.batch_size, "status": r.status,
+            "budget": _progress(r), "steps": pick(r.steps, r.last_step),
+            "train": pick(r.final_train_loss, r.last_train_loss), "eval": pick(r.final_eval_loss, r.last_eval_loss),
+            "reason": _reason(r)}
+
+
+def _progress(r: Any) -> str:
+    """How far through its budget a run is (wall-clock budgets), from its row."""
+    if r.budget_kind != "wall_clock" or not r.budget_amount:
+        return "-"
+    if r.status == "completed":
+        return "100%"
+    used = r.train_seconds if r.train_seconds is not None else (r.last_elapsed_seconds or 0.0)
+    return f"{min(used / r.budget_amount, 1):.0%}"
+
+
+def _reason(r: Any) -> str:
+    """The first line of a run's error (why it failed, oom'd or was stopped), or why a `running` row is stale."""
+    from ablate import store
+
+    if r.status == "running" and hasattr(r, "heartbeat_at") and not store.is_live(r):
+        beat = f"{(store.utcnow() - r.heartbeat_at).total_seconds():.0f} s ago" if r.heartbeat_at else "never"
+        return f"stale: its trainer last beat {beat} (machine or process gone); the next runner takes it over"
+    if r.status == "cancelled" and hasattr(r, "pid") and store.trainer_running(r):
+        return (f"cancelling: trainer still running (pid {r.pid} on {(r.claimed_by or '?').partition(':')[0]}); it "
+                "checkpoints and stops, or is killed after its grace")
+    return (r.error or "").strip().splitlines()[0][:120] if (r.error or "").strip() else ""
+
+
+def sweep_view(engine: Any, name: str) -> Callable[[], Table]:
+    """The status table of a running sweep, titled with how many of its runs have finished."""
+    from ablate import runner, store
+
+    def render() -> Table:
+        rows, counts = runner.status_view(engine, name, STATUS_ROWS)
+        finished = sum(n for status, n in counts.items() if status in store.FINISHED)
+        return runs_table(rows, title=f"sweep {name}: {finished}/{sum(counts.values())} finished", counts=counts)
+
+    return render
+
+
+def watch(render: Callable[[], Table], done: Any, engine: Any, name: str) -> None:
+    """The live table on a terminal; otherwise a status line whenever it changes, then the table."""
+    import time
+
+    from rich.live import Live
+
+    from ablate import runner
+
+    if console.is_terminal:
+        with Live(render(), console=console, refresh_per_second=2) as live:
+            while not done.wait(1.0):
+                live.update(render())
+            live.update(render())
+        return
+    last = ""
+    while not done.wait(5.0):
+        line = ", ".join(f"{n} {status}" for status, n in runner.status_counts(engine, name).items())
+        if line != last:
+            console.print(f"[{time.strftime('%H:%M:%S')}] {line}")
+            last = line
+    console.print(render())

@@ -1,0 +1,185 @@
+"""`ablate sweep register|run|status|cancel`: a sweep's runs in the results DB, and running them here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ablate.cli.common import (OVERRIDES_NOTE, STATUS_ROWS, Ordered, about, console, db_option, err_console, launch_flags,
+                               override_options, overrides_of)
+from ablate.cli.status import print_status_csv, runs_table, sweep_view, watch
+from ablate.config.errors import AblateError
+
+PREFECT_START_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+PREFECT_START_SECONDS = 300
+
+
+@click.group(cls=Ordered, name="sweep", **about("register, run and inspect sweeps"), subcommand_metavar="ACTION [ARGS]...")
+@db_option(expose=False)
+def sweep_group() -> None:
+    pass
+
+
+@click.command(**about("validate a sweep file and register its pending runs"), epilog=OVERRIDES_NOTE)
+@click.argument("spec")
+@click.option("--max-trials", type=int, default=10_000)
+@override_options()
+@db_option()
+def register(spec: str, max_trials: int, merge: bool, db: str | None, **params: Any) -> int:
+    from ablate import runner
+
+    parsed, sweep_id, ids = runner.register(spec, db, max_trials=max_trials, say=console.print,
+                                            overrides=overrides_of(params), merge=merge)
+    console.print(f"sweep {parsed.name} (id {sweep_id}): {len(ids)} runs registered")
+    return 0
+
+
+@click.command(**about("table of a sweep's runs"))
+@click.argument("name")
+@click.option("--all", "all_", is_flag=True, help=f"every run (default: at most {STATUS_ROWS}, the rest counted)")
+@click.option("--format", "fmt", type=click.Choice(("table", "csv")), default=None,
+              help="table or csv (default: a table on a terminal, csv (every run) when piped)")
+@db_option()
+def status(name: str, all_: bool, fmt: str | None, db: str | None) -> int:
+    from ablate import runner, store
+
+    engine = store.reader(db)  # reading: never creates or migrates a database
+    if (fmt or ("table" if console.is_terminal else "csv")) == "csv":
+        print_status_csv(runner.status_rows(engine, name))
+    elif all_:
+        console.print(runs_table(runner.status_rows(engine, name), title=f"sweep {name}", limit=None))
+    else:  # the rows it shows and the counts: not every run of a 100,000-run sweep
+        rows, counts = runner.status_view(engine, name, STATUS_ROWS)
+        console.print(runs_table(rows, title=f"sweep {name}", counts=counts))
+    return 0
+
+
+@click.command(**about("cancel waiting runs and stop running ones (checkpointed)"))
+@click.argument("name")
+@db_option()
+def cancel(name: str, db: str | None) -> int:
+    from ablate import runner, store
+
+    waiting, stopping, left = runner.cancel(store.connect(db), name)
+    console.print(f"sweep {name}: {waiting} waiting runs cancelled, {stopping} running runs cancelled "
+                  f"(their trainers checkpoint and stop, on any host)")
+    if left:
+        err_console.print(f"{left} trainer(s) still running after 60 s (a checkpoint in progress, or a host that "
+                          f"cannot reach the database); `ablate sweep status {name}` shows them")
+        return 1
+    return 0
+
+
+@click.command(**about("run every unfinished trial of a sweep here (local Prefect)"), epilog=OVERRIDES_NOTE)
+@click.argument("spec")
+@click.option("--max-trials", type=int, default=10_000)
+@click.option("--gpu-slots", type=int, default=None, help="trials at once (default: GPUs visible, 1 on CPU)")
+@click.option("--retry-failed", is_flag=True, help="also re-run cancelled runs and failed runs past 3 attempts")
+@launch_flags(threads_help="torch threads per trainer (default: the cores other jobs leave free / trials at once)")
+@override_options()
+@db_option()
+def run(spec: str, max_trials: int, gpu_slots: int | None, retry_failed: bool, merge: bool, db: str | None,
+        **params: Any) -> int:
+    """Run the `sweep` flow in-process (Prefect's ephemeral API) with a live table of runs."""
+    _quiet_prefect()
+    from ablate import runner, store
+
+    if gpu_slots is None:
+        gpu_slots = max(1, runner.visible_gpus())
+    overrides = overrides_of(params)
+    # errors before any Prefect start-up: the spec, then its data (built once here, before any trial starts)
+    parsed, _, ids = runner.register(spec, db, max_trials=max_trials, say=err_console.print, overrides=overrides,
+                                     merge=merge, artifacts=Path(params["artifacts"]))
+    engine = store.connect(db)
+    os.environ["ABLATE_DB_URL"] = store.resolve_url(db)  # for the flow and its trainers, which get db_url=None
+    # measured now, before the local Prefect server starts (it would count as another job)
+    threads = params["threads"] or runner.default_threads(max(1, gpu_slots // parsed.budget.gpus), parsed.budget.gpus)
+    console.print(f"sweep {parsed.name}: {len(ids)} trials, {parsed.budget.describe()} each, {threads} thread(s) per "
+                  f"trainer; results in {store.describe_url(str(engine.url))}")
+    # the URL goes by environment, not as a flow parameter (Prefect stores those in plain text)
+    flow_params = dict(spec=str(spec), db_url=None, artifacts=str(params["artifacts"]), gpu_slots=gpu_slots,
+                       retry_failed=retry_failed, checkpoint_every=params["checkpoint_every"],
+                       memory_cap_mb=params["memory_cap_mb"], threads=threads, merge=merge,
+                       **{k: v for k, v in overrides.items() if v is not None})
+    return _run_flow(flow_params, engine, parsed.name, resume=f"ablate sweep run {spec}"
+                     + (f" --db {store.redact(db)}" if db else ""))
+
+
+for _command in (register, run, status, cancel):
+    sweep_group.add_command(_command)
+
+
+def _quiet_prefect() -> None:
+    # the live table is the display (failed trials and their reasons are in it: no Prefect tracebacks over it)
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "CRITICAL")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from a lab machine
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # nor from the client, whose first-run notice would print over the table
+    # the local API is a subprocess that must start within this; Prefect's 20 s expired on a loaded host
+    os.environ.setdefault(PREFECT_START_TIMEOUT, str(PREFECT_START_SECONDS))
+
+
+def _run_flow(flow_params: dict[str, Any], engine: Any, name: str, resume: str) -> int:
+    """The sweep flow in a thread, the live table here; Ctrl-C or SIGTERM stop it cleanly (exit 130)."""
+    import signal
+    import threading
+
+    from ablate import runner
+    from flows.sweep import sweep  # Prefect is imported here, in the main thread, as before the flow's thread
+
+    done = threading.Event()
+    result: dict[str, Any] = {}
+    worker = threading.Thread(target=_flow_thread, args=(sweep, flow_params, result, done), daemon=True)
+    worker.start()
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the sweep as cleanly as Ctrl-C
+    render = sweep_view(engine, name)
+    try:
+        watch(render, done, engine, name)
+    except KeyboardInterrupt:
+        runner.STOP.set()  # run_trial SIGTERMs its trainer (checkpoint, `preempted`); no new trial starts
+        err_console.print("stopping: running trainers checkpoint and stop (Ctrl-C again to abandon them)...")
+        done.wait(runner.STOP_GRACE_SECONDS)
+        console.print(render())
+        err_console.print(f"sweep {name} stopped; resume it with: {resume}")
+        return 130
+    worker.join()
+    if "error" in result:
+        raise _prefect_start_failure(result["error"]) or result["error"]
+    counts = runner.status_counts(engine, name)
+    console.print(f"sweep {name}: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
+    return 1 if counts.get("failed") or counts.get("preempted") else 0
+
+
+def _flow_thread(sweep: Any, flow_params: dict[str, Any], result: dict[str, Any], done: Any) -> None:
+    """Start the local Prefect API and run the sweep flow; an error other than failed trials goes to `result`."""
+    try:
+        from ablate.runner import localserver
+        from flows.sweep import TrialsFailed
+
+        localserver.start()  # ended with this process, even a killed one (no orphaned server)
+        state = sweep(**flow_params, return_state=True)
+        if state.is_failed():  # failed trials are counted from the DB; anything else is an error
+            outcome = state.result(raise_on_failure=False)
+            if isinstance(outcome, BaseException) and not isinstance(outcome, TrialsFailed):
+                raise outcome
+    except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+        result["error"] = exc
+    finally:
+        done.set()
+
+
+def _prefect_start_failure(exc: BaseException) -> AblateError | None:
+    """A clear error for Prefect's local API that did not start in time (else None: not that failure)."""
+    if "ephemeral Prefect API server" not in str(exc):
+        return None
+    return AblateError(
+        f"Prefect's local API server did not start within {os.environ.get(PREFECT_START_TIMEOUT)} s (a busy host, or "
+        f"a broken Prefect install: {str(exc).splitlines()[0][:200]}). The sweep's runs are registered and nothing "
+        f"was trained; run the same command again with {PREFECT_START_TIMEOUT}=600, or start a server once "
+        "(`prefect server start`) and set PREFECT_API_URL=http://127.0.0.1:4200/api")
+
+
+def _interrupt(*_: Any) -> None:
+    raise KeyboardInterrupt
