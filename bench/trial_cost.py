@@ -52,7 +52,7 @@ def run_all(url: str, ids: list[int], artifacts: Path, warm_on: bool) -> dict:
     trials.start_trainer = recording
     try:
         children0, self0 = _children_cpu(), _self_cpu()
-        opts = runner.RunOptions(db_url=url, artifacts=artifacts, threads=1)
+        opts = runner.LaunchOptions(db_url=url, artifacts=artifacts, threads=1)
         for rid in ids:
             assert runner.run_trial(rid, opts) == "completed", f"run {rid} did not complete"
         runner_cpu = _self_cpu() - self0

@@ -42,10 +42,11 @@ WORKER_CHECK_SECONDS = 60.0  # how often a sweep whose trials wait re-checks tha
 MAX_DISPATCHES = 5  # flow runs per run within one sweep flow run (each resumes the last one's checkpoint)
 
 
-def dispatch_to_pool(hardware: str, todo: list[int], kwargs: dict[str, Any], engine: sa.Engine,
+def dispatch_to_pool(hardware: str, todo: list[int], opts: runner.LaunchOptions, engine: sa.Engine,
                      log: Any, attach: list[int] = ()) -> dict[int, str]:
-    """Run each of `todo` as a flow run of `trial/<hardware>` and watch them, and `attach` (runs another
-    sweep flow run dispatched, still training) through their trial flow runs; {run id: final status}."""
+    """Run each of `todo` as a flow run of `trial/<hardware>` (with `opts` as its parameters) and watch them, and
+    `attach` (runs another sweep flow run dispatched, still training) through their trial flow runs;
+    {run id: final status}."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.runtime import flow_run as this_flow_run
@@ -64,7 +65,7 @@ def dispatch_to_pool(hardware: str, todo: list[int], kwargs: dict[str, Any], eng
         # the same key for a retried request: a creation whose answer was lost in an outage is not made twice
         key = f"{this_flow_run.id}:{rid}:{dispatches[rid]}"
         flow_run = ride_out(lambda: run_deployment(
-            f"trial/{hardware}", parameters={"run_id": rid, **kwargs}, timeout=0, as_subflow=True,
+            f"trial/{hardware}", parameters={"run_id": rid, **opts.flow_parameters()}, timeout=0, as_subflow=True,
             tags=[tag(rid)], idempotency_key=key, **again), log, f"dispatching run {rid}")
         live[rid] = flow_run.id
         dispatches[rid] += 1

@@ -14,7 +14,7 @@ run --watch` exits non-zero), Cancelled when it was cancelled, else Completed.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -46,9 +46,8 @@ def trial(run_id: int, db_url: str | None = None, artifacts: str = "results/arti
     flow makes cancelled runs it retries pending before dispatching them.) `warm`: fork the trainer from this
     process's warm helper (ablate/runner/warm.py), which the sweep flow's local trials share; a deployment's trial
     runs alone in its flow-run process, where a helper would cost more than it saves, so it starts cold."""
-    opts = runner.RunOptions(db_url=db_url, artifacts=Path(artifacts), checkpoint_every=checkpoint_every,
-                             memory_cap_mb=memory_cap_mb, gpu_ids=tuple(gpu_ids) if gpu_ids is not None else None,
-                             threads=threads, warm=warm)
+    opts = runner.LaunchOptions(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every,
+                                memory_cap_mb=memory_cap_mb, gpu_ids=gpu_ids, threads=threads, warm=warm)
     status = runner.run_trial(run_id, opts)
     get_run_logger().info("run %s: %s", run_id, status)
     if status == "failed":
@@ -93,9 +92,10 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
     the trials at once.
     """
     log = get_run_logger()
+    opts = runner.LaunchOptions(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every,
+                                memory_cap_mb=memory_cap_mb, threads=threads)
     try:
-        return _sweep(log, spec, db_url, artifacts, gpu_slots, retry_failed, use_deployments, checkpoint_every,
-                      memory_cap_mb, threads, merge, prepare_data,
+        return _sweep(log, spec, opts, gpu_slots, retry_failed, use_deployments, merge, prepare_data,
                       {"budget": budget, "source": source, "holdout": holdout, "vocab_size": vocab_size, "gpus": gpus,
                        "hardware": hardware, "name": name})
     except (AblateError, TrialsFailed) as exc:  # the reason as a log line: `prefect deployment run --watch` shows it
@@ -103,22 +103,20 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
         raise
 
 
-def _sweep(log: Any, spec: str, db_url: str | None, artifacts: str, gpu_slots: int, retry_failed: bool,
-           use_deployments: bool, checkpoint_every: float | None, memory_cap_mb: float | None, threads: int | None,
+def _sweep(log: Any, spec: str, opts: runner.LaunchOptions, gpu_slots: int, retry_failed: bool, use_deployments: bool,
            merge: bool, prepare_data: bool, overrides: dict[str, Any]) -> Any:
     hardware = overrides["hardware"]
     if use_deployments and hardware:  # a pool `ablate deploy` may not have made: said before anything is registered
         from flows.dispatch import check_deployment
 
         check_deployment(hardware)
-    parsed, sweep_id, run_ids = runner.register(spec, db_url, say=log.info, overrides=overrides, merge=merge,
-                                                artifacts=Path(artifacts) if prepare_data else None)
-    engine = store.connect(db_url)
+    parsed, sweep_id, run_ids = runner.register(spec, opts.db_url, say=log.info, overrides=overrides, merge=merge,
+                                                artifacts=opts.artifacts if prepare_data else None)
+    engine = store.connect(opts.db_url)
     if retry_failed:  # the user's word: run cancelled runs again (trial flows never claim a cancelled run)
         runner.uncancel(engine, run_ids)
     todo = runner.runs_to_do(engine, sweep_id, run_ids, retry_failed=retry_failed)
     log.info("sweep %s: %d trials, %d to run", parsed.name, len(run_ids), len(todo))
-    kwargs = dict(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every, memory_cap_mb=memory_cap_mb)
     if use_deployments:
         from flows.dispatch import dispatch_to_pool, label_sweep_flow_run, ride_out
 
@@ -129,24 +127,24 @@ def _sweep(log: Any, spec: str, db_url: str | None, artifacts: str, gpu_slots: i
         # again resumes the sweep) are watched, not dispatched twice
         attach = [r.id for r in runner.sweep_runs(engine, parsed.name)
                   if r.id in run_ids and r.id not in todo and r.status == "running"]
-        results = dispatch_to_pool(parsed.budget.hardware, todo, {**kwargs, "threads": threads}, engine, log,
-                                   attach=attach)
+        results = dispatch_to_pool(parsed.budget.hardware, todo, opts, engine, log, attach=attach)
     else:
-        results = _run_here(parsed, todo, kwargs, gpu_slots, threads, engine)
+        results = _run_here(parsed, todo, opts, gpu_slots, engine)
     return _final(results, engine, parsed.name)
 
 
-def _run_here(parsed: Any, todo: list[int], kwargs: dict, gpu_slots: int, threads: int | None,
+def _run_here(parsed: Any, todo: list[int], opts: runner.LaunchOptions, gpu_slots: int,
               engine: Any) -> dict[int, str]:
     """The trials as nested flow runs of this process: one per slot at a time, each slot its own GPUs."""
     gpus_per_trial = parsed.budget.gpus
     slots = max(1, gpu_slots // gpus_per_trial)
-    kwargs = {**kwargs, "threads": threads or runner.default_threads(min(slots, max(1, len(todo))), gpus_per_trial),
-              "warm": len(todo) > 1}  # one helper for all of them (ablate/runner/warm.py); a single trial starts cold
+    opts = replace(opts, threads=opts.threads or runner.default_threads(min(slots, max(1, len(todo))), gpus_per_trial))
+    warm = len(todo) > 1  # one helper for all of them (ablate/runner/warm.py); a single trial starts cold
     results: dict[int, str] = {}
 
     def one(rid: int, gpu_ids: list[int] | None) -> None:
-        trial(rid, **kwargs, gpu_ids=gpu_ids, return_state=True)  # a failed trial is in its row, read below
+        # a failed trial is in its row, read below
+        trial(rid, **opts.flow_parameters(), gpu_ids=gpu_ids, warm=warm, return_state=True)
         results[rid] = store.get_run(engine, rid).status
 
     if slots == 1:

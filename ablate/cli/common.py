@@ -97,6 +97,14 @@ def launch_flags(threads_help: str) -> Callable:
     ])
 
 
+def launch_of(params: dict[str, Any], db_url: str | None) -> Any:
+    """The launch flags, taken out of a command's parameters, as one runner.LaunchOptions."""
+    from ablate.runner.launch import LaunchOptions
+
+    return LaunchOptions(db_url=db_url, artifacts=params.pop("artifacts"), threads=params.pop("threads"),
+                         checkpoint_every=params.pop("checkpoint_every"), memory_cap_mb=params.pop("memory_cap_mb"))
+
+
 def _stack(decorators: list[Callable]) -> Callable:
     """Options in the order given (click lists an option applied last first)."""
     def apply(fn: Callable) -> Callable:

@@ -93,8 +93,8 @@ def _warn_about_hub_data(trials: list[Any]) -> None:
 
             runner.check_sources(trials)
     except AblateError as exc:
-        err_console.print(f"[yellow]warning:[/] {escape(str(exc))} `ablate sweep run` and the sweep flow check the data "
-                          "before any trial starts, and stop with this message where it cannot load")
+        err_console.print(f"[yellow]warning:[/] {escape(str(exc))} `ablate sweep run` and the sweep flow check the "
+                          "data before any trial starts, and stop with this message where it cannot load")
 
 
 def _print_notes(spec: Any, trials: list[Any]) -> None:

@@ -3,15 +3,17 @@ here; `report` writes the study's best trial, importances and plots."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ablate.cli.common import Ordered, about, console, db_option, launch_flags
+from ablate.cli.common import Ordered, about, console, db_option, launch_flags, launch_of
 
 
-@click.group(cls=Ordered, name="search", **about("Optuna searches over a sweep's `search` block"), subcommand_metavar="ACTION [ARGS]...")
+@click.group(cls=Ordered, name="search", **about("Optuna searches over a sweep's `search` block"),
+             subcommand_metavar="ACTION [ARGS]...")
 @db_option(expose=False)
 def search_group() -> None:
     pass
@@ -25,16 +27,14 @@ def search_group() -> None:
 @click.option("--seed", type=int, default=None, help="sampler seed (default: from the spec name)")
 @launch_flags(threads_help="torch threads per trainer (default: free cores / workers)")
 @db_option()
-def run(spec: str, workers: int, n_trials: int | None, seed: int | None, artifacts: str,
-        checkpoint_every: float | None, memory_cap_mb: float | None, threads: int | None, db: str | None) -> int:
+def run(spec: str, workers: int, n_trials: int | None, seed: int | None, db: str | None, **params: Any) -> int:
     from ablate import runner, search
     from ablate.config import load_spec
 
     parsed = load_spec(spec)
     search.check_search(parsed, spec)
-    opts = runner.RunOptions(db_url=db, artifacts=Path(artifacts), checkpoint_every=checkpoint_every,
-                             memory_cap_mb=memory_cap_mb,
-                             threads=threads or runner.default_threads(workers, parsed.budget.gpus))
+    opts = launch_of(params, db)
+    opts = replace(opts, threads=opts.threads or runner.default_threads(workers, parsed.budget.gpus))
     total = search.planned_trials(parsed.search, n_trials)
     console.print(f"search {parsed.name}: {total} trials ({parsed.search.sampler}, pruner {parsed.search.pruner}), "
                   f"{workers} worker(s) here, {parsed.budget.describe()} each")

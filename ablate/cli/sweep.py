@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import click
 
-from ablate.cli.common import (OVERRIDES_NOTE, STATUS_ROWS, Ordered, about, console, db_option, err_console, launch_flags,
-                               override_options, overrides_of)
+from ablate.cli.common import (OVERRIDES_NOTE, STATUS_ROWS, Ordered, about, console, db_option, err_console,
+                               launch_flags, launch_of, override_options, overrides_of)
 from ablate.cli.status import print_status_csv, runs_table, sweep_view, watch
 from ablate.config.errors import AblateError
 
@@ -17,7 +17,8 @@ PREFECT_START_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 PREFECT_START_SECONDS = 300
 
 
-@click.group(cls=Ordered, name="sweep", **about("register, run and inspect sweeps"), subcommand_metavar="ACTION [ARGS]...")
+@click.group(cls=Ordered, name="sweep", **about("register, run and inspect sweeps"),
+             subcommand_metavar="ACTION [ARGS]...")
 @db_option(expose=False)
 def sweep_group() -> None:
     pass
@@ -90,20 +91,20 @@ def run(spec: str, max_trials: int, gpu_slots: int | None, retry_failed: bool, m
     if gpu_slots is None:
         gpu_slots = max(1, runner.visible_gpus())
     overrides = overrides_of(params)
+    # the URL goes by environment, not as a flow parameter (Prefect stores those in plain text)
+    opts = launch_of(params, db_url=None)
     # errors before any Prefect start-up: the spec, then its data (built once here, before any trial starts)
     parsed, _, ids = runner.register(spec, db, max_trials=max_trials, say=err_console.print, overrides=overrides,
-                                     merge=merge, artifacts=Path(params["artifacts"]))
+                                     merge=merge, artifacts=opts.artifacts)
     engine = store.connect(db)
     os.environ["ABLATE_DB_URL"] = store.resolve_url(db)  # for the flow and its trainers, which get db_url=None
     # measured now, before the local Prefect server starts (it would count as another job)
-    threads = params["threads"] or runner.default_threads(max(1, gpu_slots // parsed.budget.gpus), parsed.budget.gpus)
-    console.print(f"sweep {parsed.name}: {len(ids)} trials, {parsed.budget.describe()} each, {threads} thread(s) per "
-                  f"trainer; results in {store.describe_url(str(engine.url))}")
-    # the URL goes by environment, not as a flow parameter (Prefect stores those in plain text)
-    flow_params = dict(spec=str(spec), db_url=None, artifacts=str(params["artifacts"]), gpu_slots=gpu_slots,
-                       retry_failed=retry_failed, checkpoint_every=params["checkpoint_every"],
-                       memory_cap_mb=params["memory_cap_mb"], threads=threads, merge=merge,
-                       **{k: v for k, v in overrides.items() if v is not None})
+    gpus = parsed.budget.gpus
+    opts = replace(opts, threads=opts.threads or runner.default_threads(max(1, gpu_slots // gpus), gpus))
+    console.print(f"sweep {parsed.name}: {len(ids)} trials, {parsed.budget.describe()} each, {opts.threads} thread(s) "
+                  f"per trainer; results in {store.describe_url(str(engine.url))}")
+    flow_params = dict(spec=str(spec), **opts.flow_parameters(), gpu_slots=gpu_slots, retry_failed=retry_failed,
+                       merge=merge, **{k: v for k, v in overrides.items() if v is not None})
     return _run_flow(flow_params, engine, parsed.name, resume=f"ablate sweep run {spec}"
                      + (f" --db {store.redact(db)}" if db else ""))
 

@@ -1,17 +1,22 @@
-"""What a trial's trainer is started with: the worker's RunOptions, and the argv they become."""
+"""What a trial's trainer is started with: the worker's LaunchOptions, and the argv they become."""
 
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ablate.config import TrialConfig
 
 
 @dataclass(frozen=True)
-class RunOptions:
-    """How runs execute on this worker (not part of any trial's identity)."""
+class LaunchOptions:
+    """How this worker starts trainers (not part of any trial's identity), declared once: `ablate sweep run` and
+    `ablate search run` build it from their flags, the flows from their parameters (the same names:
+    `flow_parameters` is what a sweep flow hands each trial flow), and `trainer_command` turns it into the
+    trainer's argv. Flow parameters arrive as JSON: `artifacts` may be a string and `gpu_ids` a list."""
 
     db_url: str | None = None
     artifacts: Path = Path("results/artifacts")
@@ -25,8 +30,19 @@ class RunOptions:
     # only for a process that runs several trials: its start costs about what one cold trainer's imports do
     warm: bool = True
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "artifacts", Path(self.artifacts))
+        if self.gpu_ids is not None:
+            object.__setattr__(self, "gpu_ids", tuple(self.gpu_ids))
 
-def trainer_command(trial: TrialConfig, run_id: int, opts: RunOptions) -> list[str]:
+    def flow_parameters(self) -> dict[str, Any]:
+        """The settings every `trial` flow run of a sweep gets, as that flow's parameters (JSON values). A local
+        trial adds its `gpu_ids` and `warm`; a deployment's trial keeps their defaults (no GPU pinning, cold)."""
+        return {"db_url": self.db_url, "artifacts": str(self.artifacts), "checkpoint_every": self.checkpoint_every,
+                "memory_cap_mb": self.memory_cap_mb, "threads": self.threads}
+
+
+def trainer_command(trial: TrialConfig, run_id: int, opts: LaunchOptions) -> list[str]:
     """`python -m ablate.train`, or torchrun with one process per GPU when the budget names several.
     The database URL travels in the environment (ABLATE_DB_URL), never in argv where `ps` shows its password."""
     args = ["-m", "ablate.train", "--run-id", str(run_id), "--artifacts", str(opts.artifacts)]
@@ -42,3 +58,11 @@ def trainer_command(trial: TrialConfig, run_id: int, opts: RunOptions) -> list[s
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc_per_node={trial.budget.gpus}", *args]
     return [sys.executable, *args]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RunOptions":  # the old name, kept for one release
+        warnings.warn("ablate.runner.RunOptions is now LaunchOptions: import that; the old name is removed after one "
+                      "release", DeprecationWarning, stacklevel=2)
+        return LaunchOptions
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from ablate import store
 from ablate.runner.host import pid_alive
-from ablate.runner.launch import RunOptions, trainer_command
+from ablate.runner.launch import LaunchOptions, trainer_command
 from ablate.runner.sweep import sweep_runs
 from ablate.config import TrialConfig
 
@@ -35,7 +35,7 @@ STOP_GRACE_SECONDS = 150.0  # how long a stopped sweep waits for its trainers to
 CLAIMABLE = ("pending", "failed", "preempted")  # what a runner takes by default (not `cancelled`: the user's word)
 
 
-def run_trial(run_id: int, opts: RunOptions, should_stop: Callable[[], bool] | None = None,
+def run_trial(run_id: int, opts: LaunchOptions, should_stop: Callable[[], bool] | None = None,
               poll_seconds: float = 1.0, statuses: tuple[str, ...] = CLAIMABLE) -> str:
     """Claim one run and train it to the end (resuming from its checkpoint if it has one); its final status.
 

@@ -21,7 +21,7 @@ from ablate.search.study import (GRACE_SECONDS, HEARTBEAT_SECONDS, create_study,
 from ablate.search.trial import TrialOutcome, run_one
 
 
-def run_worker(spec: SweepSpec, storage: optuna.storages.RDBStorage, opts: runner.RunOptions, n_trials: int, *,
+def run_worker(spec: SweepSpec, storage: optuna.storages.RDBStorage, opts: runner.LaunchOptions, n_trials: int, *,
                seed: int | None, spec_path: str | None = None, poll_seconds: float = 1.0,
                heartbeat_seconds: float = HEARTBEAT_SECONDS, on_trial: Callable[[TrialOutcome], None] | None = None,
                stop: threading.Event | None = None) -> list[TrialOutcome]:
@@ -45,7 +45,7 @@ def run_worker(spec: SweepSpec, storage: optuna.storages.RDBStorage, opts: runne
     return outcomes
 
 
-def run_search(spec: SweepSpec | str | Path, db_url: str | None = None, opts: runner.RunOptions | None = None, *,
+def run_search(spec: SweepSpec | str | Path, db_url: str | None = None, opts: runner.LaunchOptions | None = None, *,
                workers: int = 1, n_trials: int | None = None, seed: int | None = None, poll_seconds: float = 1.0,
                on_trial: Callable[[TrialOutcome], None] | None = None, stop: threading.Event | None = None,
                heartbeat_seconds: int = HEARTBEAT_SECONDS, grace_seconds: int = GRACE_SECONDS) -> list[TrialOutcome]:
@@ -62,7 +62,7 @@ def run_search(spec: SweepSpec | str | Path, db_url: str | None = None, opts: ru
     create_study(spec, url, spec_path=spec_path, storage=storage)  # the storage is shared by the worker threads
     total = planned_trials(spec.search, n_trials)
     seed = default_seed(spec.name) if seed is None else seed
-    opts = replace(opts or runner.RunOptions(), db_url=url)
+    opts = replace(opts or runner.LaunchOptions(), db_url=url)
     gpu_groups = _gpu_groups(workers, spec.budget.gpus) if opts.gpu_ids is None else None
     stop = stop or threading.Event()
 

@@ -57,7 +57,7 @@ def _link(engine: sa.Engine, study: optuna.Study, run: store.Run, number: int) -
 
 
 def run_one(study: optuna.Study, storage: optuna.storages.RDBStorage, trial: optuna.Trial, spec: SweepSpec,
-            opts: runner.RunOptions, *,
+            opts: runner.LaunchOptions, *,
             spec_path: str | None = None, poll_seconds: float = 1.0, heartbeat_seconds: float = HEARTBEAT_SECONDS,
             stop: threading.Event | None = None) -> TrialOutcome:
     """Sample, register, train (or follow, or read) the trial's run, and tell the study how it went."""

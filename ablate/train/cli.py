@@ -33,7 +33,8 @@ def _init_dist() -> Dist:
     return Dist(rank=rank, world=world, local_rank=local, control=dist.new_group(backend="gloo"))
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The trainer's flags: what runner.trainer_command writes from a LaunchOptions, and --config for a trial by hand."""
     p = argparse.ArgumentParser(prog="python -m ablate.train", description="train one run to its budget and record it")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--run-id", type=int, help="train this run of the results DB")
@@ -47,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--device", default=None)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: every core)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     dist_ = _init_dist()
     engine = claimant = None
     try:

@@ -119,7 +119,7 @@ def test_killed_trial_is_resumed_by_the_next_sweep_without_duplicate_metrics(pre
     _, _, (run_id,) = runner.register(spec, url)
     art = tmp_path / "art"
     # a trainer started as the runner would, killed once it has a checkpoint and metrics past it
-    opts = runner.RunOptions(db_url=url, artifacts=art, checkpoint_every=1.0, threads=1)
+    opts = runner.LaunchOptions(db_url=url, artifacts=art, checkpoint_every=1.0, threads=1)
     store.claim_run(store.connect(url), run_id, "test")
     proc = subprocess.Popen(runner.trainer_command(TrialConfig.model_validate(store.get_run(store.connect(url), run_id).config), run_id, opts),
                             env={**os.environ, "ABLATE_DB_URL": url, "ABLATE_CLAIMANT": "test"})
@@ -212,9 +212,43 @@ def test_trainer_command_uses_torchrun_for_several_gpus(tmp_path):
     from ablate.config import load_trials
 
     _, trials = load_trials(spec)
-    cmd = runner.trainer_command(trials[0], 7, runner.RunOptions(db_url="sqlite:///x.db"))
+    cmd = runner.trainer_command(trials[0], 7, runner.LaunchOptions(db_url="sqlite:///x.db"))
     assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--nproc_per_node=4" in cmd
     assert cmd[cmd.index("--run-id") + 1] == "7"
+
+
+def test_launch_options_are_the_flows_parameters_and_the_trainers_argv(tmp_path):
+    """One declaration: the flows' parameters build it and come back out of it, the trainer reads back its argv."""
+    import inspect
+    import json
+    from dataclasses import replace
+
+    from ablate.config import load_trials
+    from ablate.train.cli import parser
+    from flows.search import search
+    from flows.sweep import sweep, trial
+
+    opts = runner.LaunchOptions(artifacts=str(tmp_path / "art"), checkpoint_every=12.5, memory_cap_mb=900.0,
+                                threads=2, gpu_ids=[0, 1])  # as JSON flow parameters give them
+    assert opts.artifacts == tmp_path / "art" and opts.gpu_ids == (0, 1)
+    params = json.loads(json.dumps(opts.flow_parameters()))
+    assert runner.LaunchOptions(**params) == replace(opts, gpu_ids=None)
+    for flow in (trial, sweep):  # the names every deployment and `prefect deployment run --param` use
+        assert set(params) <= set(inspect.signature(flow.fn).parameters), flow.name
+    assert {"db_url", "artifacts", "checkpoint_every", "memory_cap_mb"} <= set(inspect.signature(search.fn).parameters)
+    _, trials = load_trials(smoke_spec(tmp_path))
+    argv = runner.trainer_command(trials[0], 7, opts)
+    args = parser().parse_args(argv[argv.index("ablate.train") + 1:])
+    assert (args.run_id, Path(args.artifacts), args.checkpoint_every, args.memory_cap_mb, args.threads, args.quiet) \
+        == (7, opts.artifacts, 12.5, 900.0, 2, True)
+    plain = parser().parse_args(runner.trainer_command(trials[0], 7, runner.LaunchOptions(quiet=False))[3:])
+    assert (plain.checkpoint_every, plain.memory_cap_mb, plain.threads, plain.quiet) == (None, None, None, False)
+
+
+def test_run_options_is_the_old_name_of_launch_options_for_one_release():
+    with pytest.warns(DeprecationWarning, match="now LaunchOptions"):
+        from ablate.runner import RunOptions
+    assert RunOptions is runner.LaunchOptions
 
 
 def test_docker_compose_names_only_things_that_exist():

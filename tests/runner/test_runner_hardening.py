@@ -158,7 +158,7 @@ def test_a_killed_sweep_run_leaves_no_prefect_server_behind(tmp_path):
 
 def test_the_database_password_stays_out_of_argv_logs_and_deployments(tmp_path):
     secret = "postgresql+psycopg://ablate:s3cret-pw@db.example:5432/ablate"
-    cmd = runner.trainer_command(make_trial(), 7, runner.RunOptions(db_url=secret))
+    cmd = runner.trainer_command(make_trial(), 7, runner.LaunchOptions(db_url=secret))
     assert not any("s3cret" in part for part in cmd)
     assert "s3cret" not in store.redact(f"cannot reach {secret}: refused")
     assert store.redact(f"url={secret}") == "url=postgresql+psycopg://ablate:***@db.example:5432/ablate"

@@ -41,7 +41,7 @@ def _training(engine, rid: int):
 def test_a_cancel_written_by_another_host_stops_the_trainer_at_its_next_heartbeat(sqlite_url, tmp_path):
     rid = registered(sqlite_url, make_trial(budget={"wall_clock": 120}))
     engine = store.connect(sqlite_url)
-    opts = runner.RunOptions(db_url=sqlite_url, artifacts=tmp_path / "art", threads=1, extra_env=FAST)
+    opts = runner.LaunchOptions(db_url=sqlite_url, artifacts=tmp_path / "art", threads=1, extra_env=FAST)
     out: dict[str, str] = {}
     t = threading.Thread(target=lambda: out.update(status=runner.run_trial(rid, opts)))
     t.start()

@@ -27,7 +27,7 @@ def _losses(url: str, rid: int) -> list[tuple]:
 def _trial_in_thread(url: str, tmp_path, seconds: float, **kwargs):
     """A wall-clock trial run by `runner.run_trial` on a thread: (engine, run id, thread, {"status": outcome})."""
     rid = registered(url, make_trial(budget={"wall_clock": seconds}))
-    opts = runner.RunOptions(db_url=url, artifacts=tmp_path / "art", threads=1, extra_env=FAST)
+    opts = runner.LaunchOptions(db_url=url, artifacts=tmp_path / "art", threads=1, extra_env=FAST)
     out: dict[str, str] = {}
     t = threading.Thread(target=lambda: out.update(status=runner.run_trial(rid, opts, poll_seconds=0.2, **kwargs)))
     t.start()
@@ -38,7 +38,7 @@ def test_a_forked_trainer_records_the_same_run_as_a_cold_one(tmp_path, monkeypat
     trial = make_trial(budget={"steps": 6}, eval={"at": [0.5]})
     urls = [f"sqlite:///{tmp_path / name}.db" for name in ("warm", "cold")]
     rids = [registered(url, trial) for url in urls]
-    opts = [runner.RunOptions(db_url=url, artifacts=tmp_path / "art", threads=1) for url in urls]
+    opts = [runner.LaunchOptions(db_url=url, artifacts=tmp_path / "art", threads=1) for url in urls]
     assert warm.enabled()
     assert runner.run_trial(rids[0], opts[0]) == "completed"
     monkeypatch.setenv("ABLATE_WARM_TRAINER", "0")
@@ -64,7 +64,7 @@ def test_single_process_trainers_are_forked_and_torchrun_or_an_opt_out_are_not(t
         assert isinstance(proc, subprocess.Popen)
         proc.wait(60)
         alone = runner.start_trainer([os.sys.executable, "-m", "ablate.train", "--help"], env, log, log_path, tmp_path,
-                                     warm_ok=False)  # RunOptions(warm=False): a process with one trial to run
+                                     warm_ok=False)  # LaunchOptions(warm=False): a process with one trial to run
         assert isinstance(alone, subprocess.Popen) and alone.wait(60) == 0
         monkeypatch.setenv("ABLATE_WARM_TRAINER", "0")
         proc = runner.start_trainer([os.sys.executable, "-m", "ablate.train", "--help"], env, log, log_path, tmp_path)

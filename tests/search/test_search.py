@@ -178,7 +178,7 @@ def test_a_dead_workers_trial_is_failed_requeued_and_its_finished_run_told(sqlit
     store.update_run(engine, run_id, study_name=spec.name, study_trial=trial.number, status="completed",
                   final_eval_loss=4.25)  # its trainer finished on its own
     time.sleep(2.5)  # past the grace period (SQLite's clock has 1 s resolution)
-    outcomes = search.run_search(spec, sqlite_url, runner.RunOptions(artifacts=artifacts), n_trials=1,
+    outcomes = search.run_search(spec, sqlite_url, runner.LaunchOptions(artifacts=artifacts), n_trials=1,
                                  heartbeat_seconds=1, grace_seconds=1)
     assert [(o.number, o.state, o.run_id, o.value) for o in outcomes] == [(1, "COMPLETE", run_id, 4.25)]
     dead, retry = study_of(sqlite_url).trials
@@ -206,7 +206,7 @@ def test_a_trial_whose_config_is_already_training_follows_that_run(sqlite_url, a
         trainer.wait()
 
     threading.Thread(target=finish).start()
-    outcomes = search.run_search(spec, sqlite_url, runner.RunOptions(artifacts=artifacts), poll_seconds=0.2)
+    outcomes = search.run_search(spec, sqlite_url, runner.LaunchOptions(artifacts=artifacts), poll_seconds=0.2)
     assert [(o.number, o.state, o.run_id, o.value) for o in outcomes] == [(0, "COMPLETE", run_id, 3.5)]
     run = store.get_run(engine, run_id)
     assert (run.attempts, run.study_trial) == (1, 0)
@@ -333,7 +333,7 @@ def test_two_workers_on_one_study_make_exactly_n_trials(db_url, tmp_path, artifa
         # this worker starts once the other has asked for its first trial: that one starts in a fresh process
         # (seconds of imports), and on a busy machine this one could otherwise run all three before it asks
         wait_until(lambda: other.poll() is not None or study_of(db_url).trials, 120, "the other worker's first trial")
-        here = search.run_search(spec, db_url, runner.RunOptions(artifacts=artifacts), poll_seconds=0.2)
+        here = search.run_search(spec, db_url, runner.LaunchOptions(artifacts=artifacts), poll_seconds=0.2)
         out, _ = other.communicate(timeout=patience(300))
     finally:
         other.kill()
@@ -362,7 +362,7 @@ def test_a_trial_whose_trainer_fails_is_fail_and_the_study_goes_on(sqlite_url, t
     checkpoint.write_bytes(b"not a checkpoint")
     study.enqueue_trial({"lr": 1e-3})
     study.enqueue_trial({"lr": 3e-3})
-    outcomes = search.run_search(spec, sqlite_url, runner.RunOptions(artifacts=artifacts), poll_seconds=0.2)
+    outcomes = search.run_search(spec, sqlite_url, runner.LaunchOptions(artifacts=artifacts), poll_seconds=0.2)
     assert (outcomes[0].number, outcomes[0].state, outcomes[0].run_status) == (0, "FAIL", "failed")
     assert outcomes[1].number == 1 and outcomes[1].state in ("COMPLETE", "PRUNED")
     crashed = study_of(sqlite_url).trials[0]

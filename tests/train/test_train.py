@@ -299,6 +299,6 @@ def test_busy_cores_sees_a_job_that_keeps_a_core_busy():
     finally:
         spinner.kill()
         spinner.wait()
-    command = runner.trainer_command(make_trial(), 7, runner.RunOptions(threads=3))
+    command = runner.trainer_command(make_trial(), 7, runner.LaunchOptions(threads=3))
     assert command[command.index("--threads") + 1] == "3"
-    assert "--threads" not in runner.trainer_command(make_trial(), 7, runner.RunOptions())
+    assert "--threads" not in runner.trainer_command(make_trial(), 7, runner.LaunchOptions())
