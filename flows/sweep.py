@@ -80,7 +80,7 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
           memory_cap_mb: float | None = None, threads: int | None = None, budget: str | None = None,
           source: str | None = None, vocab_size: int | None = None, name: str | None = None,
           merge: bool = False, prepare_data: bool = True, holdout: int | None = None, gpus: int | None = None,
-          hardware: str | None = None) -> Any:
+          hardware: str | None = None, registered: runner.Registration | None = None) -> Any:
     """Run every trial of a sweep file that is not finished yet; returns {run id: status}.
 
     Overrides without editing the file (`prefect deployment run sweep/NAME --param budget=10m`): `budget`
@@ -89,22 +89,27 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
     `hardware` (the profile and work pool); the sweep is then named after them unless `name` is given. `merge`: add the trials to a sweep of the same name that holds other trials' results.
     `prepare_data`: build the token caches here first (a dataset problem fails the sweep before any trial
     starts). `threads`: torch threads per trainer process; default, the cores other jobs leave free, shared by
-    the trials at once.
+    the trials at once. `registered`: the sweep as `ablate sweep run` registered it from `spec` a moment before
+    (its data built, its runs written): the flow runs those runs, without reading and registering the spec again
+    (the overrides, `merge` and `prepare_data` are then what that registration used).
     """
     log = get_run_logger()
     opts = runner.LaunchOptions(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every,
                                 memory_cap_mb=memory_cap_mb, threads=threads)
     try:
-        return _sweep(log, spec, opts, gpu_slots, retry_failed, use_deployments, merge, prepare_data,
-                      {"budget": budget, "source": source, "holdout": holdout, "vocab_size": vocab_size, "gpus": gpus,
-                       "hardware": hardware, "name": name})
+        if registered is None:
+            registered = _register(log, spec, opts, use_deployments, merge, prepare_data, {
+                "budget": budget, "source": source, "holdout": holdout, "vocab_size": vocab_size, "gpus": gpus,
+                "hardware": hardware, "name": name})
+        return _sweep(log, registered, opts, gpu_slots, retry_failed, use_deployments)
     except (AblateError, TrialsFailed) as exc:  # the reason as a log line: `prefect deployment run --watch` shows it
         log.error("%s", exc)
         raise
 
 
-def _sweep(log: Any, spec: str, opts: runner.LaunchOptions, gpu_slots: int, retry_failed: bool, use_deployments: bool,
-           merge: bool, prepare_data: bool, overrides: dict[str, Any]) -> Any:
+def _register(log: Any, spec: str, opts: runner.LaunchOptions, use_deployments: bool, merge: bool,
+              prepare_data: bool, overrides: dict[str, Any]) -> runner.Registration:
+    """Check the spec (and its data, with `prepare_data`) and register its runs."""
     hardware = overrides["hardware"]
     if use_deployments and hardware:  # a pool `ablate deploy` may not have made: said before anything is registered
         from flows.dispatch import check_deployment
@@ -112,31 +117,37 @@ def _sweep(log: Any, spec: str, opts: runner.LaunchOptions, gpu_slots: int, retr
         check_deployment(hardware)
     parsed, sweep_id, run_ids = runner.register(spec, opts.db_url, say=log.info, overrides=overrides, merge=merge,
                                                 artifacts=opts.artifacts if prepare_data else None)
+    return runner.Registration.of(parsed, sweep_id, run_ids)
+
+
+def _sweep(log: Any, registered: runner.Registration, opts: runner.LaunchOptions, gpu_slots: int,
+           retry_failed: bool, use_deployments: bool) -> Any:
+    """Run the registered sweep's runs that are owed, here or on its pool."""
     engine = store.connect(opts.db_url)
+    run_ids, name = registered.run_ids, registered.name
     if retry_failed:  # the user's word: run cancelled runs again (trial flows never claim a cancelled run)
         runner.uncancel(engine, run_ids)
-    todo = runner.runs_to_do(engine, sweep_id, run_ids, retry_failed=retry_failed)
-    log.info("sweep %s: %d trials, %d to run", parsed.name, len(run_ids), len(todo))
+    todo = runner.runs_to_do(engine, registered.sweep_id, run_ids, retry_failed=retry_failed)
+    log.info("sweep %s: %d trials, %d to run", name, len(run_ids), len(todo))
     if use_deployments:
         from flows.dispatch import dispatch_to_pool, label_sweep_flow_run, ride_out
 
         # before any dispatch: a cancel from now on finds the sweep
-        ride_out(lambda: label_sweep_flow_run(engine, parsed.name), log, "labelling the sweep flow run")
+        ride_out(lambda: label_sweep_flow_run(engine, name), log, "labelling the sweep flow run")
 
         # runs training under an earlier sweep flow run of this sweep (one that died: a run of the deployment
         # again resumes the sweep) are watched, not dispatched twice
-        attach = [r.id for r in runner.sweep_runs(engine, parsed.name)
+        attach = [r.id for r in runner.sweep_runs(engine, name)
                   if r.id in run_ids and r.id not in todo and r.status == "running"]
-        results = dispatch_to_pool(parsed.budget.hardware, todo, opts, engine, log, attach=attach)
+        results = dispatch_to_pool(registered.hardware, todo, opts, engine, log, attach=attach)
     else:
-        results = _run_here(parsed, todo, opts, gpu_slots, engine)
-    return _final(results, engine, parsed.name)
+        results = _run_here(registered.gpus, todo, opts, gpu_slots, engine)
+    return _final(results, engine, name)
 
 
-def _run_here(parsed: Any, todo: list[int], opts: runner.LaunchOptions, gpu_slots: int,
+def _run_here(gpus_per_trial: int, todo: list[int], opts: runner.LaunchOptions, gpu_slots: int,
               engine: Any) -> dict[int, str]:
     """The trials as nested flow runs of this process: one per slot at a time, each slot its own GPUs."""
-    gpus_per_trial = parsed.budget.gpus
     slots = max(1, gpu_slots // gpus_per_trial)
     opts = replace(opts, threads=opts.threads or runner.default_threads(min(slots, max(1, len(todo))), gpus_per_trial))
     warm = len(todo) > 1  # one helper for all of them (ablate/runner/warm.py); a single trial starts cold

@@ -15,6 +15,9 @@ from ablate.config.errors import AblateError
 
 PREFECT_START_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 PREFECT_START_SECONDS = 300
+# the most run ids handed to the flow as its `registered` parameter: Prefect refuses flow run parameters over
+# 512 KiB of JSON (server.api.max_parameter_size)
+PASSED_RUNS = 40_000
 
 
 @click.group(cls=Ordered, name="sweep", **about("register, run and inspect sweeps"),
@@ -94,8 +97,8 @@ def run(spec: str, max_trials: int, gpu_slots: int | None, retry_failed: bool, m
     # the URL goes by environment, not as a flow parameter (Prefect stores those in plain text)
     opts = launch_of(params, db_url=None)
     # errors before any Prefect start-up: the spec, then its data (built once here, before any trial starts)
-    parsed, _, ids = runner.register(spec, db, max_trials=max_trials, say=err_console.print, overrides=overrides,
-                                     merge=merge, artifacts=opts.artifacts)
+    parsed, sweep_id, ids = runner.register(spec, db, max_trials=max_trials, say=err_console.print,
+                                            overrides=overrides, merge=merge, artifacts=opts.artifacts)
     engine = store.connect(db)
     os.environ["ABLATE_DB_URL"] = store.resolve_url(db)  # for the flow and its trainers, which get db_url=None
     # measured now, before the local Prefect server starts (it would count as another job)
@@ -103,8 +106,11 @@ def run(spec: str, max_trials: int, gpu_slots: int | None, retry_failed: bool, m
     opts = replace(opts, threads=opts.threads or runner.default_threads(max(1, gpu_slots // gpus), gpus))
     console.print(f"sweep {parsed.name}: {len(ids)} trials, {parsed.budget.describe()} each, {opts.threads} thread(s) "
                   f"per trainer; results in {store.describe_url(str(engine.url))}")
-    flow_params = dict(spec=str(spec), **opts.flow_parameters(), gpu_slots=gpu_slots, retry_failed=retry_failed,
-                       merge=merge, **{k: v for k, v in overrides.items() if v is not None})
+    flow_params = dict(spec=str(spec), **opts.flow_parameters(), gpu_slots=gpu_slots, retry_failed=retry_failed)
+    if len(ids) <= PASSED_RUNS:  # the flow runs what was just registered
+        flow_params["registered"] = runner.Registration.of(parsed, sweep_id, ids)
+    else:  # the flow registers the spec again, as it would on a cluster
+        flow_params.update(merge=merge, **{k: v for k, v in overrides.items() if v is not None})
     return _run_flow(flow_params, engine, parsed.name, resume=f"ablate sweep run {spec}"
                      + (f" --db {store.redact(db)}" if db else ""))
 

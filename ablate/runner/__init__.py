@@ -3,7 +3,7 @@
 host.py         facts about this host: its cores and how busy they are, its GPUs, whether a pid lives, threads per trainer
 launch.py       LaunchOptions and trainer_command: what a trial's trainer is started with
 runner.py       run_trial (claim, start, watch, classify), STOP, runs_to_do, uncancel, cancel
-sweep.py        register and prepare_data (token caches first), sweep_id/sweep_runs, the status table's rows and counts
+sweep.py        register and prepare_data (token caches first), Registration, sweep_id/sweep_runs, the status table's rows and counts
 warm.py         the warm helper that forks trainers with torch already imported (started as `python -m ablate.runner.warm`)
 localserver.py  the local Prefect API server of `ablate sweep run`, stopped when its parent goes
 
@@ -14,13 +14,14 @@ from ablate.runner.host import busy_cores, default_threads, host_cores, pid_aliv
 from ablate.runner.launch import LaunchOptions, trainer_command
 from ablate.runner.trials import (CLAIMABLE, MAX_ATTEMPTS, STOP, STOP_GRACE_SECONDS, TERMINAL, cancel, classify,
                                run_trial, runs_to_do, start_trainer, uncancel)
-from ablate.runner.sweep import (STATUS_COLUMNS, check_sources, distinct_data, prepare_data, register, status_counts,
-                              status_rows, status_view, sweep_id, sweep_runs)
+from ablate.runner.sweep import (STATUS_COLUMNS, Registration, check_sources, distinct_data, prepare_data, register,
+                              status_counts, status_rows, status_view, sweep_id, sweep_runs)
 
 __all__ = ["CLAIMABLE", "MAX_ATTEMPTS", "STATUS_COLUMNS", "STOP", "STOP_GRACE_SECONDS", "TERMINAL", "LaunchOptions",
-           "busy_cores", "cancel", "check_sources", "classify", "default_threads", "distinct_data", "host_cores",
-           "pid_alive", "prepare_data", "register", "run_trial", "runs_to_do", "start_trainer", "status_counts",
-           "status_rows", "status_view", "sweep_id", "sweep_runs", "trainer_command", "uncancel", "visible_gpus"]
+           "Registration", "busy_cores", "cancel", "check_sources", "classify", "default_threads", "distinct_data",
+           "host_cores", "pid_alive", "prepare_data", "register", "run_trial", "runs_to_do", "start_trainer",
+           "status_counts", "status_rows", "status_view", "sweep_id", "sweep_runs", "trainer_command", "uncancel",
+           "visible_gpus"]
 
 
 def __getattr__(name: str) -> object:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict
 
 from ablate import store
 from ablate.config.errors import AblateError
@@ -39,6 +40,25 @@ def register(spec_path: str | Path, db_url: str | None = None, max_trials: int =
         if dropped and say is not None:
             say(f"sweep {spec.name}: dropped {dropped} unfinished run(s) whose trial is no longer in {spec_path}")
     return spec, sweep_id, ids
+
+
+class Registration(BaseModel):
+    """A registered sweep: what running it needs, without its spec file (the sweep flow's `registered` parameter,
+    which `ablate sweep run` gives it after registering the spec itself, before Prefect starts)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    sweep_id: int
+    name: str
+    run_ids: list[int]  # the runs of the spec's trials, in trial order
+    gpus: int = 1  # per trial
+    hardware: str = "cpu"
+
+    @classmethod
+    def of(cls, spec: Any, sweep_id: int, run_ids: list[int]) -> Registration:
+        """From what `register` returns."""
+        return cls(sweep_id=sweep_id, name=spec.name, run_ids=run_ids, gpus=spec.budget.gpus,
+                   hardware=spec.budget.hardware)
 
 
 def distinct_data(trials: list[TrialConfig]) -> list[TrialConfig]:

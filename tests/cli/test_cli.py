@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 import yaml
 
@@ -224,3 +225,24 @@ def test_flags_are_read_as_they_always_were():
     run = parse(["sweep", "run", SMOKE, "--budget", "steps=20", "--vocab-size", "512", "--merge"]).params
     assert run["budget"] == "steps=20" and run["vocab_size"] == 512 and run["merge"] and run["gpu_slots"] is None
     assert run["artifacts"] == "results/artifacts" and run["max_trials"] == 10_000
+
+
+def test_sweep_run_refuses_a_modified_copy_before_prefect_starts(sqlite_url, tmp_path, capsys, monkeypatch):
+    from ablate import runner
+    from ablate.runner import localserver
+
+    for name in ("ABLATE_DB_URL", "PREFECT_LOGGING_LEVEL", "PREFECT_SERVER_ANALYTICS_ENABLED", "DO_NOT_TRACK",
+                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"):  # the command sets them for its process
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(localserver, "start", lambda: pytest.fail("Prefect was started"))
+    _, _, ids = runner.register(SMOKE, sqlite_url)
+    store.update_run(store.connect(sqlite_url), ids[0], status="completed", final_eval_loss=3.0)
+    copy = yaml.safe_load(Path(SMOKE).read_text())
+    copy["budget"]["wall_clock"] = "60s"  # the same cells, another experiment
+    path = tmp_path / "smoke.yaml"
+    path.write_text(yaml.safe_dump(copy))
+    assert main(["sweep", "run", str(path), "--db", sqlite_url, "--artifacts", str(tmp_path / "art")]) == 2
+    err = capsys.readouterr().err
+    assert "already holds results for the same cells with other settings (1 completed)" in err and "--merge" in err
+    with store.connect(sqlite_url).connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(store.Run)).scalar() == 4  # nothing written

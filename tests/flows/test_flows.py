@@ -193,6 +193,47 @@ def test_a_hardware_override_with_no_pool_is_refused_before_anything_is_register
     assert not (tmp_path / "r.db").exists() and not (tmp_path / "art").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("passed_runs", [None, 1])
+def test_sweep_run_loads_and_registers_the_sweep_once(prefect_harness, tmp_path, monkeypatch, capsys, passed_runs):
+    """`ablate sweep run` checks the spec and data and registers the runs before Prefect starts; the sweep flow
+    then runs that registration, without reading, expanding and registering the spec a second time (a sweep of
+    more runs than a flow parameter can list, PASSED_RUNS, is registered again by the flow)."""
+    import signal
+
+    from ablate.cli import main
+    from ablate.cli import sweep as command
+    from ablate.runner import sweep as registering
+
+    if passed_runs is not None:
+        monkeypatch.setattr(command, "PASSED_RUNS", passed_runs)
+
+    for name in ("ABLATE_DB_URL", "PREFECT_LOGGING_LEVEL", "PREFECT_SERVER_ANALYTICS_ENABLED", "DO_NOT_TRACK",
+                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"):  # the command sets them for its process
+        monkeypatch.delenv(name, raising=False)
+    loads, registrations = [], []
+    load_trials, register_sweep = registering.load_trials, store.register_sweep
+    monkeypatch.setattr(registering, "load_trials", lambda path, **kw: loads.append(path) or load_trials(path, **kw))
+    monkeypatch.setattr(store, "register_sweep",
+                        lambda engine, spec, *a, **kw: registrations.append(spec.name) or register_sweep(engine, spec, *a, **kw))
+    spec = smoke_spec(tmp_path)
+    data = yaml.safe_load(spec.read_text())
+    data["grid"] = [{"architecture": "mixer", "d_model": [32, 48]}]
+    spec.write_text(yaml.safe_dump(data))
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        code = main(["sweep", "run", str(spec), "--db", url, "--artifacts", str(tmp_path / "art"), "--threads", "1"])
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    out = capsys.readouterr()
+    assert code == 0, out.err[-3000:]
+    times = 1 if passed_runs is None else 2
+    assert loads == [str(spec)] * times and registrations == ["smoke"] * times
+    assert "sweep smoke: 2 trials, steps 12 on 1x cpu each" in out.out and "sweep smoke: 2 completed" in out.out
+    assert sorted(statuses(url).values()) == ["completed", "completed"]
+
+
 def test_runs_to_do_rules(sqlite_url, tmp_path):
     spec = smoke_spec(tmp_path)
     _, sweep_id, ids = runner.register(spec, sqlite_url)
