@@ -40,12 +40,13 @@ def sql(query: str, fmt: str, timeout: float | None, max_rows: int | None, max_b
 
 
 def _sql_limit(value: float | None, flag: str, env: str, default: float, kind: type) -> float:
-    """A limit of `ablate sql`: the flag, else the environment variable, else the default; 0 means none."""
-    import os
+    """A limit of `ablate sql`: the flag, else the environment variable (read by Settings, checked here so that the
+    message names the flag too), else the default; 0 means none."""
+    from ablate.config.settings import PREFIX, environment
 
     where = f"{flag} {value:g}" if value is not None else ""
     if value is None:
-        text = os.environ.get(env, "").strip()
+        text = (getattr(environment(), env.removeprefix(PREFIX).lower()) or "").strip()
         if not text:
             return default
         where = f"{env}={text}"
