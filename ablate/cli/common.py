@@ -48,11 +48,6 @@ def db_option(expose: bool = True) -> Callable:
     return click.option("--db", default=None, expose_value=expose, callback=_remember_db, help=DB_HELP)
 
 
-def given_db() -> str | None:
-    """The --db of the command line being run (None: the default database)."""
-    return click.get_current_context().meta.get(DB)
-
-
 # ---------------------------------------------------------------- spec overrides and launch flags
 
 
