@@ -137,21 +137,13 @@ KNOWN_VOCABS = {"gpt2": 50257, "gpt2-medium": 50257, "gpt-neo-125m": 50257, "lla
 
 
 def _param_counts(trial: Any) -> tuple[int, int]:
-    """(total, inter-token) parameters from the family's closed-form formula (torch-free)."""
+    """(total, inter-token) parameters from the family's closed-form formula and the objective's (torch-free)."""
     from ablate import models
+    from ablate.config import registry
 
     fam = models.options_module(trial.architecture)
     # a loaded tokenizer's size is known only once it is loaded (transformers, maybe the hub): the common ones here
     vocab = (KNOWN_VOCABS.get(trial.tokenizer.name.rsplit("/", 1)[-1], 32000) if trial.tokenizer.name
              else trial.tokenizer.vocab_size or 32000)
     total, inter = fam.param_count(trial, vocab), fam.inter_token_params(trial)
-    if trial.objective in ("bidirectional", "autoencoder"):
-        # two stacks sharing one embedding and head (untied: two vocab x d_model matrices; tied: one)
-        ends = vocab * trial.d_model * (1 if trial.effective_options().get("tie_weights") else 2)
-        total, inter = 2 * total - ends, 2 * inter
-        if trial.objective == "bidirectional" and trial.architecture == "mixer":  # one feed-forward per block
-            total -= trial.layers * fam.feed_forward_params(trial)
-    if trial.objective == "classification":  # the class head (the LM head stays, frozen)
-        settings = trial.objective_settings()
-        total += trial.d_model * settings.classes + (settings.classes if settings.bias else 0)
-    return total, inter
+    return registry.objective(trial.objective).param_counts(trial, total, inter, vocab, fam)
