@@ -2,7 +2,7 @@
 
 host.py         facts about this host: its cores and how busy they are, its GPUs, whether a pid lives, threads per trainer
 launch.py       LaunchOptions and trainer_command: what a trial's trainer is started with
-runner.py       run_trial (claim, start, watch, classify), STOP, runs_to_do, uncancel, cancel
+trials.py       run_trial (claim, start, watch, classify), STOP, runs_to_do, uncancel, cancel
 sweep.py        register and prepare_data (token caches first), Registration, sweep_id/sweep_runs, the status table's rows and counts
 warm.py         the warm helper that forks trainers with torch already imported (started as `python -m ablate.runner.warm`)
 localserver.py  the local Prefect API server of `ablate sweep run`, stopped when its parent goes

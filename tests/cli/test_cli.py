@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -233,7 +234,10 @@ def test_sweep_run_refuses_a_modified_copy_before_prefect_starts(sqlite_url, tmp
 
     for name in ("ABLATE_DB_URL", "PREFECT_LOGGING_LEVEL", "PREFECT_SERVER_ANALYTICS_ENABLED", "DO_NOT_TRACK",
                  "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"):  # the command sets them for its process
-        monkeypatch.delenv(name, raising=False)
+        # set, then deleted: monkeypatch restores what was there (delenv of an absent name restores nothing, and a
+        # PREFECT_LOGGING_LEVEL=CRITICAL left behind silenced every later flow's logs in this test process)
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+        monkeypatch.delenv(name)
     monkeypatch.setattr(localserver, "start", lambda: pytest.fail("Prefect was started"))
     _, _, ids = runner.register(SMOKE, sqlite_url)
     store.update_run(store.connect(sqlite_url), ids[0], status="completed", final_eval_loss=3.0)
