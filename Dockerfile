@@ -26,6 +26,12 @@ COPY bench ./bench
 COPY sweeps ./sweeps
 RUN pip install --no-deps -e .
 
+# installed-package plugins (entry-point group `ablate.plugins`) every worker must have, e.g.
+# `EXTRA_REQUIREMENTS="ablate-shiftmix==0.1.0 git+https://host/lab/mixers@v2"`; plugin files need nothing here
+# (their source travels in the results DB)
+ARG EXTRA_REQUIREMENTS=""
+RUN if [ -n "${EXTRA_REQUIREMENTS}" ]; then pip install ${EXTRA_REQUIREMENTS}; fi
+
 # runs record the code version (runs.code_version): there is no .git here, so it is stamped at build time
 ARG ABLATE_CODE_VERSION=unknown
 ENV ABLATE_CODE_VERSION=${ABLATE_CODE_VERSION}

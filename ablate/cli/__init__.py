@@ -3,8 +3,8 @@
 Built on click: the issue proposed typer as the library "which Prefect already installs", but Prefect 3 now builds
 its own command line on cyclopts and brings click, not typer; click is the one that is really there. One module
 per command group: plan; sweep (register, run, status, cancel; its tables in status); search; report (report,
-generate, retrieval); db (db, sql, models); cluster (worker, deploy). common holds what they share: --db, the spec
-overrides, the launch flags, the output helpers. Shell completion comes with click:
+generate, retrieval); db (db, sql, models); cluster (worker, deploy); check (the model contract). common holds what
+they share: --db, the spec overrides, the launch flags, the output helpers. Shell completion comes with click:
 `eval "$(_ABLATE_COMPLETE=bash_source ablate)"` (zsh_source, fish_source).
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from ablate.cli import cluster, db, plan, report, search, sweep
+from ablate.cli import check, cluster, db, plan, report, search, sweep
 from ablate.cli.common import (DB, STATUS_ROWS, Ordered, console, db_option, err_console, human_count, human_seconds,
                                print_rows)
 from ablate.cli.plan import KNOWN_VOCABS, _param_counts, objective_label
@@ -76,7 +76,8 @@ def cli() -> None:
 
 
 for _command in (plan.plan, cluster.worker, db.sql, db.db_command, sweep.sweep_group, search.search_group,
-                 report.report, report.generate, report.retrieval, cluster.deploy, db.models_command):
+                 report.report, report.generate, report.retrieval, cluster.deploy, db.models_command,
+                 check.check_command):
     cli.add_command(_command)
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from ablate.cli.common import about, console, db_option, err_console, print_rows
@@ -85,18 +86,30 @@ def db_command(db_command: str, db: str | None) -> int:
 
 
 @click.command(name="models", **about("list the architecture registry and each family's options"))
+@click.option("--plugin", "plugins", multiple=True, metavar="PATH|MODULE",
+              help="load a plugin file or module first (repeatable); installed packages are always listed")
 @db_option(expose=False)
-def models_command() -> int:
+def models_command(plugins: tuple[str, ...]) -> int:
+    from pathlib import Path
+
     from ablate import models
+    from ablate.plugins.load import load_plugins
+
+    load_plugins(list(plugins), Path.cwd())
 
     table = Table(title="architectures (use as `architecture:` in a sweep; options under `options:`)",
                   title_justify="left")
     table.add_column("name")
     table.add_column("what")
     table.add_column("options (default)")
+    table.add_column("source")
     for name, family in models.families().items():
         cls = models.options_model(name)
         opts = ", ".join(f"{k}={f.default!r}" for k, f in cls.model_fields.items())
-        table.add_row(name, family.description, opts)
+        table.add_row(escape(name), escape(family.description), escape(opts), escape(family.source.describe()))
     console.print(table)
+    from ablate.plugins.load import BROKEN
+
+    for point, why in BROKEN.items():  # a package whose plugin does not load: said, and nothing else breaks
+        err_console.print(f"[yellow]skipped the installed plugin {escape(point)}:[/] {escape(why)}", soft_wrap=True)
     return 0

@@ -26,6 +26,7 @@ def plan(spec: str, max_trials: int, all_: bool, **params: Any) -> int:
 
     parsed, trials = load_trials(spec, max_trials=max_trials, overrides=overrides_of(params))
     console.print(trials_table(parsed, trials, len(trials) if all_ else min(len(trials), STATUS_ROWS)))
+    _print_plugins(trials)
     per_class = budget_per_class(trials)
     if parsed.search is not None:  # the table shows the base trial; the search samples the rest
         search = parsed.search
@@ -58,11 +59,23 @@ def trials_table(spec: Any, trials: list[Any], listed: int) -> Table:
                       str(t.heads or "-"), str(t.context), f"{t.lr:g}",
                       f"{t.batch_size}x{t.grad_accum}" if t.grad_accum > 1 else str(t.batch_size),
                       *([t.horizon.describe() if t.horizon else "budget"] if show_horizon else []), str(t.seed),
-                      human_count(total), human_count(inter), _reference_text(spec, t))
+                      human_count(total), human_count(inter) if inter is not None else "?", _reference_text(spec, t))
     if listed < len(trials):
         table.caption = f"the first {listed:,} of {len(trials):,} trials; --all lists every one"
         table.caption_justify = "left"
     return table
+
+
+def _print_plugins(trials: list[Any]) -> None:
+    """Where each plugin the trials run comes from, the identity of its code, and how its parameters were counted."""
+    from ablate.config import registry
+
+    names = dict.fromkeys(part.split("@", 1)[0] for t in trials if t.code for part in t.code.split("+"))
+    for name in names:
+        entry = registry.families().get(name) or registry.objectives()[name]
+        counted = "" if getattr(entry, "closed_form", True) else (
+            "; parameters counted by building it on the meta device (no memory; give param_count= to skip)")
+        console.print(f"plugin {escape(name)}: {escape(entry.source.describe())}{counted}")
 
 
 def _reference_text(spec: Any, trial: Any) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ablate.config import registry
-from ablate.config.errors import SpecError, did_you_mean, one_of, show as _show
+from ablate.config.errors import AblateError, SpecError, did_you_mean, one_of, show as _show
 from ablate.config.grid import MAX_TRIALS, _axes_of, expand_grid
 from ablate.config.overrides import apply_overrides
 from ablate.config.sources import has_splits, looks_like_path, special_files
@@ -84,6 +84,7 @@ def parse_spec(data: Any, source: str = "<spec>", base_dir: Path | None = None) 
     if not isinstance(data, dict):
         raise SpecError([f"the top level must be a mapping with keys name, dataset, budget, grid, ... (got {type(data).__name__})"], source)
     data = dict(data)
+    _load_plugins(data.get("plugins"), source, base_dir)
     if base_dir is not None and isinstance(data.get("dataset"), dict):
         try:
             data["dataset"] = _resolve_local(data["dataset"], base_dir)
@@ -101,6 +102,21 @@ def parse_spec(data: Any, source: str = "<spec>", base_dir: Path | None = None) 
     if problems:
         raise SpecError(problems, source)
     return spec
+
+
+def _load_plugins(refs: Any, source: str, base_dir: Path | None) -> None:
+    """The sweep's plugins, registered before its grid names their architectures; a problem names the plugin."""
+    if refs is None:
+        return
+    if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+        raise SpecError([f"plugins: must be a list of plugin files or modules, e.g. plugins: [./my_mixer.py, "
+                         f"mypkg.models] (got {_show(refs)})"], source)
+    import importlib
+
+    try:
+        importlib.import_module(f"{registry.PLUGINS}.load").load_plugins(refs, base_dir)
+    except AblateError as exc:
+        raise SpecError([str(exc)], source) from None
 
 
 def _local_split_problems(spec: SweepSpec) -> list[str]:

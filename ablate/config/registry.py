@@ -1,62 +1,120 @@
 """The registries: architectures and objectives by name, the one table of each that every layer reads.
 
-A family is two modules, named here by import path so that reading a spec never imports torch:
-    options_module  torch-free: Options (frozen pydantic, extra keys forbidden), param_count(trial, vocab_size),
-                    inter_token_params(trial), mixing_flops_per_token(trial): what validation and planning need
-    model_module    imports torch, re-exports those, and adds build(trial, vocab_size) -> nn.Module mapping
-                    input_ids (B, T) -> logits (B, T, V)
+A family is two references, each an import path (read lazily, so that reading a spec never imports torch) or
+an object a plugin handed over:
+    options   torch-free: Options (frozen pydantic, extra keys forbidden), param_count(trial, vocab_size),
+              inter_token_params(trial), mixing_flops_per_token(trial): what validation and planning need
+    model     imports torch, re-exports those, and adds build(trial, vocab_size) -> nn.Module mapping
+              input_ids (B, T) -> logits (B, T, V)
 
-An objective is two modules too, a torch-free options module (what validation, planning and reports read) and a
-torch module (model, loss, counts); `ablate/objectives/__init__.py` says what each exposes. ObjectiveEntry reads
-its options module, with the defaults an objective that declares nothing gets.
+An objective is two references too, a torch-free options one (what validation, planning and reports read) and a
+torch one (model, loss, counts); `ablate/objectives/__init__.py` says what each exposes. ObjectiveEntry reads
+its options, with the defaults an objective that declares nothing gets.
 
-The built-ins register themselves when `ablate.models` and `ablate.objectives` are imported (one register line per
-family or objective there); the first lookup imports them, so `config` names them here by path and never imports
-them at module level.
+Every entry records its Source: built-in, or the plugin file, module or installed package it came from, with
+the identity of that code (`Source.identity`), which a trial of it carries as `code` (its fingerprint, and
+runs.code_version). Registrations go through `ablate.architecture` / `ablate.objective` (ablate/plugins/api.py);
+the built-ins register themselves when `ablate.models` and `ablate.objectives` are imported, and installed
+packages through the entry-point group `ablate.plugins`; the first lookup does both, so `config` names them
+here by path and never imports them at module level.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 from ablate.config.errors import AblateError, did_you_mean, one_of
 
 BUILTINS = "ablate.models"  # the package whose import registers the built-in families
 OBJECTIVE_BUILTINS = "ablate.objectives"  # and the one that registers the built-in objectives
+PLUGINS = "ablate.plugins"  # loading plugins (entry points, a stored source): named by path, as the built-ins are
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an entry's code comes from. identity: None for the built-ins (ablate's own version stands for them);
+    'file:<sha256[:16]>' of a plugin file (whose `text` is stored with a sweep, for workers that never saw it),
+    'module:TOP:<sha256[:16]>' of an importable package's files, 'package:NAME==VERSION' of an installed one."""
+
+    kind: str  # builtin | file | module | package
+    where: str  # 'ablate', the file's path, the module's or the distribution's name
+    identity: str | None = None
+    text: str | None = None
+
+    def describe(self) -> str:
+        if self.kind == "builtin":
+            return "built-in"
+        return f"{self.kind} {self.where}" + (f" ({self.identity.split(':', 1)[1]})" if self.identity else "")
+
+    def same_plugin(self, other: Source) -> bool:
+        """Whether `other` is this plugin again (perhaps edited since): the same kind and place."""
+        return (self.kind, self.where) == (other.kind, other.where)
+
+
+BUILTIN = Source("builtin", "ablate")
+
+
+def resolve(ref: Any) -> Any:
+    """An import path's module (imported on first use), or the object a plugin registered."""
+    return importlib.import_module(ref) if isinstance(ref, str) else ref
+
+
+def _clash(kind: str, name: str, known: Source, new: Source) -> AblateError:
+    return AblateError(f"{kind} {name!r} is already registered ({known.describe()}); the {new.describe()} registers "
+                       f"it again: give one of them another name")
 
 
 @dataclass(frozen=True)
 class Family:
     name: str
-    model_module: str
-    options_module: str
+    model_ref: Any  # the model module's import path, or a plugin's namespace with build
+    options_ref: Any  # the torch-free options module's path, or a plugin's namespace with Options and the counts
     description: str
+    source: Source = BUILTIN
+    closed_form: bool = True  # param_count is a formula; False: it builds the model on the meta device
+
+    def options_module(self) -> Any:
+        return resolve(self.options_ref)
+
+    def model_module(self) -> Any:
+        return resolve(self.model_ref)
 
 
 _FAMILIES: dict[str, Family] = {}
-_builtins_loaded = False
+_loaded = False
+
+
+def add_family(family: Family) -> None:
+    """Add a family to the table. The same plugin may register a name again (a re-read or edited file replaces
+    its entry); another source may not."""
+    known = _FAMILIES.get(family.name)
+    if known is not None and known != family and not known.source.same_plugin(family.source):
+        raise _clash("architecture", family.name, known.source, family.source)
+    _FAMILIES[family.name] = family
 
 
 def register_architecture(name: str, model_module: str, options_module: str, description: str) -> None:
-    """Add a family to the table (a second registration of one name must name the same modules)."""
-    family = Family(name, model_module, options_module, description)
-    known = _FAMILIES.get(name)
-    if known is not None and known != family:
-        raise AblateError(f"architecture {name!r} is registered twice: by {known.model_module} and by "
-                          f"{model_module}; give one of them another name")
-    _FAMILIES[name] = family
+    """Add a family by its modules' import paths (what `ablate.architecture` does for a lazy registration)."""
+    add_family(Family(name, model_module, options_module, description))
 
 
 def families() -> dict[str, Family]:
-    """Every registered family by name, in registration order (the built-ins first)."""
-    global _builtins_loaded
-    if not _builtins_loaded:
-        _builtins_loaded = True
-        importlib.import_module(BUILTINS)
+    """Every registered family by name, in registration order (the built-ins first, then installed plugins)."""
+    _load_builtins()
     return _FAMILIES
+
+
+def _load_builtins() -> None:
+    """On the first lookup: the built-in families and objectives, then the installed plugins' entry points."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    importlib.import_module(BUILTINS)
+    importlib.import_module(OBJECTIVE_BUILTINS)
+    importlib.import_module(f"{PLUGINS}.load").load_entry_points()
 
 
 def unknown_architecture(name: Any) -> str:
@@ -72,9 +130,9 @@ def check_architecture(name: str) -> Family:
     return family
 
 
-def options_module(name: str) -> ModuleType:
+def options_module(name: str) -> Any:
     """The family's torch-free module: Options, param_count, inter_token_params, mixing_flops_per_token."""
-    return importlib.import_module(check_architecture(name).options_module)
+    return check_architecture(name).options_module()
 
 
 def options_model(name: str) -> Any:
@@ -82,9 +140,9 @@ def options_model(name: str) -> Any:
     return options_module(name).Options
 
 
-def model_module(name: str) -> ModuleType:
+def model_module(name: str) -> Any:
     """The family's model module (imports it, and torch): for building."""
-    return importlib.import_module(check_architecture(name).model_module)
+    return check_architecture(name).model_module()
 
 
 # ---------------------------------------------------------------- objectives
@@ -95,17 +153,18 @@ class ObjectiveEntry:
     """A registered objective; what its options module declares, or the default where it declares nothing."""
 
     name: str
-    module: str
-    options_module: str
+    module: Any  # the torch module's import path, or a plugin's namespace with build, loss and count
+    options_module: Any  # the torch-free module's path, or a plugin's namespace with Options and the declarations
     description: str
+    source: Source = BUILTIN
 
-    def options(self) -> ModuleType:
+    def options(self) -> Any:
         """The torch-free module (imported on first use)."""
-        return importlib.import_module(self.options_module)
+        return resolve(self.options_module)
 
-    def load(self) -> ModuleType:
+    def load(self) -> Any:
         """The torch module (imports it, and torch): build, loss, count, and its optional hooks."""
-        return importlib.import_module(self.module)
+        return resolve(self.module)
 
     @property
     def options_model(self) -> Any:
@@ -151,7 +210,7 @@ class ObjectiveEntry:
         passes = getattr(self.options(), "passes", None)
         return (1.0, 1.0) if passes is None else passes(trial)
 
-    def param_counts(self, trial: Any, total: int, inter: int, vocab: int, family: ModuleType) -> tuple[int, int]:
+    def param_counts(self, trial: Any, total: int, inter: int, vocab: int, family: Any) -> tuple[int, int]:
         """(total, inter-token) parameters of its model, from one model's of the family (`family`: its options
         module); default unchanged."""
         counts = getattr(self.options(), "param_counts", None)
@@ -159,25 +218,24 @@ class ObjectiveEntry:
 
 
 _OBJECTIVES: dict[str, ObjectiveEntry] = {}
-_objective_builtins_loaded = False
+
+
+def add_objective(entry: ObjectiveEntry) -> None:
+    """Add an objective to the table; as add_family, the same plugin may register a name again, another may not."""
+    known = _OBJECTIVES.get(entry.name)
+    if known is not None and known != entry and not known.source.same_plugin(entry.source):
+        raise _clash("objective", entry.name, known.source, entry.source)
+    _OBJECTIVES[entry.name] = entry
 
 
 def register_objective(name: str, module: str, options_module: str, description: str) -> None:
-    """Add an objective to the table (a second registration of one name must name the same modules)."""
-    entry = ObjectiveEntry(name, module, options_module, description)
-    known = _OBJECTIVES.get(name)
-    if known is not None and known != entry:
-        raise AblateError(f"objective {name!r} is registered twice: by {known.module} and by {module}; "
-                          f"give one of them another name")
-    _OBJECTIVES[name] = entry
+    """Add an objective by its modules' import paths (what `ablate.objective` does for a lazy registration)."""
+    add_objective(ObjectiveEntry(name, module, options_module, description))
 
 
 def objectives() -> dict[str, ObjectiveEntry]:
-    """Every registered objective by name, in registration order (the built-ins first)."""
-    global _objective_builtins_loaded
-    if not _objective_builtins_loaded:
-        _objective_builtins_loaded = True
-        importlib.import_module(OBJECTIVE_BUILTINS)
+    """Every registered objective by name, in registration order (the built-ins first, then installed plugins)."""
+    _load_builtins()
     return _OBJECTIVES
 
 
@@ -197,3 +255,31 @@ def objective(name: str) -> ObjectiveEntry:
 def unmasked_objectives() -> tuple[str, ...]:
     """The objectives that may use a family's unmasked option."""
     return tuple(name for name, entry in objectives().items() if entry.unmasked)
+
+
+# ---------------------------------------------------------------- the identity of a trial's code
+
+
+def code_of(architecture: Any, objective: Any) -> str | None:
+    """`name@identity` of the plugins a trial's family and objective come from ('+' between two), None for
+    built-ins: the trial's `code`, part of its fingerprint, so that an edited plugin makes new runs."""
+    parts = []
+    for entry in (_FAMILIES.get(architecture), _OBJECTIVES.get(objective)):
+        if entry is not None and entry.source.identity is not None:
+            parts.append(f"{entry.name}@{entry.source.identity}")
+    return "+".join(parts) or None
+
+
+def with_code(data: dict[str, Any]) -> dict[str, Any]:
+    """A trial's fields with its `code`: the registered plugins' for a new trial. A stored trial keeps its own,
+    and a plugin it names that this process has not loaded is materialised from the results DB it was read from
+    (ablate.plugins.stored), so that workers and reports never need the plugin's file."""
+    architecture, objective = data.get("architecture"), data.get("objective", "clm")
+    families(), objectives()
+    if data.get("code") is not None:
+        if isinstance(architecture, str) and isinstance(objective, str) and (
+                architecture not in _FAMILIES or objective not in _OBJECTIVES):
+            importlib.import_module(f"{PLUGINS}.stored").materialise(data["code"])
+        return data
+    code = code_of(architecture, objective) if isinstance(architecture, str) and isinstance(objective, str) else None
+    return {**data, "code": code} if code else data

@@ -222,12 +222,16 @@ class SweepSpec(Frozen):
     report: ReportBlock = ReportBlock()
     reference: list[Reference] = Field(default_factory=list)
     retrieval: RetrievalPlan | None = None
+    # plugin files (relative to the sweep file) and modules, loaded before the grid is read (ablate/plugins/load.py)
+    plugins: list[str] = Field(default_factory=list)
     # what overrides changed from the file (apply_overrides), in words: plan and the report print them
     overrides: tuple[str, ...] = ()
 
     def fingerprint(self) -> str:
         data = self.model_dump(mode="json")
         del data["overrides"]  # a description of the changes, not one: the changed fields are in the spec
+        if not data["plugins"]:  # sweeps of built-ins keep their identity (the trials carry each plugin's code)
+            del data["plugins"]
         if data["retrieval"] is None:  # sweeps without a retrieval stage keep their identity
             del data["retrieval"]
         else:  # as do those whose stage has the settings every one had before they were fields

@@ -94,6 +94,14 @@ class TrialConfig(Frozen):
     tokenizer: TokenizerRef = TokenizerRef()
     budget: Budget
     eval: EvalPlan = EvalPlan()
+    # the identity of the plugin code the trial runs ('name@file:<hash>'; None: ablate's own), filled in from the
+    # registry (config.registry.code_of): an edited plugin is a new trial, as an edited option is
+    code: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plugin_code(cls, data: Any) -> Any:
+        return registry.with_code(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _consistent(self) -> TrialConfig:
@@ -160,6 +168,8 @@ class TrialConfig(Frozen):
         out = {k: getattr(self, k) for k in AXIS_FIELDS}
         out.update({f"options.{k}": v for k, v in sorted(self.effective_options().items())})
         out.update({f"objective_options.{k}": v for k, v in sorted(self.objective_options.items())})
+        if self.code is not None:  # a plugin's: a report splits cells by it once two versions of its code ran
+            out["code"] = self.code
         return out
 
     def effective_options(self) -> dict[str, Any]:
@@ -169,13 +179,13 @@ class TrialConfig(Frozen):
 
 AXIS_FIELDS = ("architecture", "objective", "d_model", "layers", "heads", "context", "lr", "batch_size", "seed")
 SWEEP_LEVEL_FIELDS = ("dataset", "tokenizer", "budget", "eval")
-GRID_FIELDS = tuple(f for f in TrialConfig.model_fields if f not in SWEEP_LEVEL_FIELDS)
+GRID_FIELDS = tuple(f for f in TrialConfig.model_fields if f not in SWEEP_LEVEL_FIELDS and f != "code")
 
 
 # fields added after runs were recorded, at the value every earlier trial had: left out of the fingerprint there,
 # so that those trials keep their identity
 _LEGACY_DEFAULTS: dict[str, Any] = {"objective_options": {}, "betas": [0.9, 0.95], "warmup_steps": None, "horizon": None,
-                                    "eos_is_target": True}
+                                    "eos_is_target": True, "code": None}
 
 
 def trial_fingerprint(config: dict[str, Any]) -> str:

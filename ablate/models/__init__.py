@@ -1,7 +1,7 @@
 """The built-in architecture zoo, registered in `ablate.config.registry` (one line per family below).
 
 A family is a model module (torch) and an options module (torch-free); the registry's docstring says what each
-exposes. Models of the families that the stack-rebuilding objectives support (objectives.stack_options.WITH_PARTS:
+exposes. They register through `ablate.architecture`, as a plugin does, in its lazy form (import paths). Models of the families that the stack-rebuilding objectives support (objectives.stack_options.WITH_PARTS:
 bidirectional, autoencoder, one_step) also expose their parts: embed(input_ids) -> (B, T, D),
 hidden_from_embeds(x) -> (B, T, D) through every block, head(hidden) -> logits, and `layers` (the block ModuleList).
 
@@ -18,23 +18,22 @@ from typing import Any
 
 from ablate.config.registry import (check_architecture, families, model_module, options_model, options_module,
                                     register_architecture)
+from ablate.plugins.api import architecture
 
 __all__ = ["build", "check_architecture", "families", "family", "list_families",
-           "options_model", "options_module", "register_architecture"]
+           "options_model", "options_module", "register_architecture", "ZOO"]
 
-register_architecture("llama", "ablate.models.llama", "ablate.models.llama_options",
-                      "Llama-style transformer (transformers LlamaModel, SDPA attention)")
-register_architecture("gpt", "ablate.models.gpt", "ablate.models.gpt_options",
-                      "early causal-LM transformer (transformers OpenAI GPT; GPT-2 as an option)")
-register_architecture("mixer", "ablate.models.mixer", "ablate.models.mixer_options",
-                      "masked mixer: attention replaced by a causally masked linear map over the sequence")
-register_architecture("hybrid", "ablate.models.hybrid", "ablate.models.hybrid_options",
-                      "Llama layers with a masked-mixer sequence layer after or beside attention")
-register_architecture("metaformer", "ablate.models.metaformer", "ablate.models.metaformer_options",
-                      "one block design, swappable token mixer (attention, metric, quadratic, pool, identity)")
-register_architecture("mod", "ablate.models.mod", "ablate.models.mod_options",
-                      "mixture-of-depths over Llama-style blocks (capacity routing)")
-
+ZOO = {  # name: what it is; its modules are ablate/models/NAME.py (torch) and NAME_options.py (torch-free)
+    "llama": "Llama-style transformer (transformers LlamaModel, SDPA attention)",
+    "gpt": "early causal-LM transformer (transformers OpenAI GPT; GPT-2 as an option)",
+    "mixer": "masked mixer: attention replaced by a causally masked linear map over the sequence",
+    "hybrid": "Llama layers with a masked-mixer sequence layer after or beside attention",
+    "metaformer": "one block design, swappable token mixer (attention, metric, quadratic, pool, identity)",
+    "mod": "mixture-of-depths over Llama-style blocks (capacity routing)",
+}
+for _name, _description in ZOO.items():  # the zoo is the first plugin: the public API's lazy form
+    architecture(_name, options=f"ablate.models.{_name}_options", build=f"ablate.models.{_name}",
+                 description=_description)
 
 def family(name: str) -> ModuleType:
     """The family's model module for an architecture name (imports it, and torch): for building."""
@@ -54,7 +53,8 @@ def list_families() -> list[dict[str, Any]]:
             {"name": key, "type": _type_name(f.annotation), "default": f.default, "help": f.description or ""}
             for key, f in options_model(name).model_fields.items()
         ]
-        out.append({"name": name, "description": fam.description, "options": options})
+        out.append({"name": name, "description": fam.description, "options": options,
+                    "source": fam.source.describe()})
     return out
 
 

@@ -37,7 +37,8 @@ class FamilyModule(Protocol):
 @runtime_checkable
 class LanguageModel(Protocol):
     """What `build` returns: input_ids (B, T) -> logits (B, T, V), causal in train and eval mode (position t sees
-    tokens <= t only), for every built-in objective that reads next-token logits."""
+    tokens <= t only), for every built-in objective that reads next-token logits. A family whose training is not
+    causal by design (mod's top-k routing) declares TRAIN_MODE_CAUSAL = False in its options module."""
 
     def __call__(self, input_ids: Tensor) -> Tensor: ...
 

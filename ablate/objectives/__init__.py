@@ -1,7 +1,8 @@
 """Training objectives: what a trial's model is, and how a batch becomes a summed loss and a token count.
 
-An objective is two files and one `register_objective` line below (ablate.config.registry holds the table; this
-package registers the built-ins when the registry's first lookup imports it, and imports no torch):
+An objective is two files and one line in BUILTIN_OBJECTIVES below. ablate.config.registry holds the table; this
+package registers the built-ins through `ablate.objective`'s lazy form (import paths) when the registry's first
+lookup imports it, and imports no torch. A plugin passes the same names to `ablate.objective` instead:
 
     NAME_options.py  torch-free, read when a spec is validated and planned and when a report is written:
         Options                 a frozen pydantic model (extra keys forbidden): the trial's objective_options
@@ -29,18 +30,18 @@ token_counter, check_data), the Objective wrapper that DDP and torch.compile wra
 from __future__ import annotations
 
 from ablate.config.registry import register_objective
+from ablate.plugins.api import objective
 
-__all__ = ["register_objective"]
+__all__ = ["BUILTIN_OBJECTIVES", "register_objective"]
 
-register_objective("clm", "ablate.objectives.clm", "ablate.objectives.clm_options",
-                   "causal language modelling: every position predicts the next token")
-register_objective("bidirectional", "ablate.objectives.bidirectional", "ablate.objectives.bidirectional_options",
-                   "every token predicted from both sides: a forward and a reverse stack summed before the head")
-register_objective("multi_token", "ablate.objectives.multi_token", "ablate.objectives.multi_token_options",
-                   "n tokens ahead by n chained passes of one model")
-register_objective("autoencoder", "ablate.objectives.autoencoder", "ablate.objectives.autoencoder_options",
-                   "the window reconstructed from the encoder's last hidden state alone")
-register_objective("one_step", "ablate.objectives.one_step", "ablate.objectives.one_step_options",
-                   "the window's second half predicted from its first in one pass")
-register_objective("classification", "ablate.objectives.classification", "ablate.objectives.classification_options",
-                   "one class per labelled document, with loss and accuracy")
+BUILTIN_OBJECTIVES = {  # name: what it is; its modules are NAME.py (torch) and NAME_options.py (torch-free)
+    "clm": "causal language modelling: every position predicts the next token",
+    "bidirectional": "every token predicted from both sides: a forward and a reverse stack summed before the head",
+    "multi_token": "n tokens ahead by n chained passes of one model",
+    "autoencoder": "the window reconstructed from the encoder's last hidden state alone",
+    "one_step": "the window's second half predicted from its first in one pass",
+    "classification": "one class per labelled document, with loss and accuracy",
+}
+for _name, _description in BUILTIN_OBJECTIVES.items():  # through the public API's lazy form, as a plugin would
+    objective(_name, options=f"ablate.objectives.{_name}_options", build=f"ablate.objectives.{_name}",
+              description=_description)

@@ -24,6 +24,7 @@ from ablate.runner.host import pid_alive
 from ablate.runner.launch import LaunchOptions, trainer_command
 from ablate.runner.sweep import sweep_runs
 from ablate.config import TrialConfig
+from ablate.config.errors import AblateError
 
 MAX_ATTEMPTS = 3  # a failed run is retried by later sweeps until it has had this many attempts
 TERMINAL = ("completed", "oom", "diverged", "failed", "preempted", "cancelled")
@@ -50,7 +51,12 @@ def run_trial(run_id: int, opts: LaunchOptions, should_stop: Callable[[], bool] 
     claimant = store.new_claimant()
     if not store.claim_run(engine, run_id, claimant, statuses):
         return store.get_run(engine, run_id).status
-    trial = TrialConfig.model_validate(store.get_run(engine, run_id).config)
+    try:
+        trial = TrialConfig.model_validate(store.get_run(engine, run_id).config)
+    except (AblateError, ValueError) as exc:  # e.g. a plugin this worker lacks: failed, before any training
+        store.update_run(engine, run_id, claimant=claimant, status="failed", error=store.redact(str(exc)),
+                         finished_at=store.utcnow())
+        return "failed"
     log_dir = opts.artifacts / "logs" / store.database_id(engine)[:16]  # run ids restart in every database
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"run-{run_id}.log"

@@ -32,11 +32,14 @@ def library_versions() -> dict[str, str]:
 
 def code_version() -> str | None:
     """The git commit of the ablate checkout, with '+dirty' when the tree has changes; without a checkout (a
-    container image), the version stamped at build time (ABLATE_CODE_VERSION)."""
+    container image), the version stamped at build time (ABLATE_CODE_VERSION), else the installed version. A run's
+    code_version adds the identity of the plugins its trial runs (`run_code`)."""
     import subprocess
 
+    from ablate import __version__
+
     root = Path(__file__).resolve().parents[2]  # ablate/store/register.py -> the checkout
-    stamp = environment().code_version
+    stamp = environment().code_version or f"ablate=={__version__}"
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
         if sha.returncode != 0:
@@ -46,6 +49,18 @@ def code_version() -> str | None:
         return sha.stdout.strip()[:12] + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return stamp
+
+
+def run_code(ablate_code: str | None, trial: Any) -> str | None:
+    """A run's code_version: ablate's, then the identity of the plugins its trial runs (the names are in its
+    config's `code`); past the column's 64 characters, one hash of them all."""
+    from ablate.config.trial import fingerprint
+
+    if not trial.code:
+        return ablate_code
+    plugins = " ".join(part.split("@", 1)[1] for part in trial.code.split("+"))
+    code = " ".join(part for part in (ablate_code, plugins) if part)
+    return code if len(code) <= 64 else f"{(ablate_code or '')[:27]} plugins:{fingerprint(trial.code)}".lstrip()
 
 
 def register_sweep(engine: sa.Engine, spec: Any, trials: Iterable[Any], spec_path: str | None = None,
@@ -70,22 +85,29 @@ def register_sweep(engine: sa.Engine, spec: Any, trials: Iterable[Any], spec_pat
 
 def _register_once(engine: sa.Engine, spec: Any, trials: list[Any], spec_path: str | None,
                    merge: bool = False) -> tuple[int, list[int]]:
-    from ablate.config.trial import trial_fingerprint
+    from ablate.config.trial import fingerprint, trial_fingerprint
 
     versions = library_versions()
     code = code_version()
     configs = [t.model_dump(mode="json") for t in trials]  # each trial dumped once: its fingerprint and row
     fps = [trial_fingerprint(c) for c in configs]
+    from ablate.plugins import stored
+
+    plugin_sources = stored.sources_of(trials)
+    # an edited plugin is an edited sweep: its code is part of the sweep's identity (built-ins: the spec's alone)
+    codes = sorted({t.code for t in trials if t.code})
+    spec_fp = fingerprint([spec.fingerprint(), codes]) if codes else spec.fingerprint()
     with session_factory(engine)() as session, session.begin():
+        stored.save(session, plugin_sources)  # before any run names them: a worker may claim one at once
         sweep = session.scalar(sa.select(Sweep).where(Sweep.name == spec.name))
         if sweep is None:
             sweep = Sweep(name=spec.name)
             session.add(sweep)
-        elif not merge and spec.search is None and sweep.spec_fingerprint != spec.fingerprint():
+        elif not merge and spec.search is None and sweep.spec_fingerprint != spec_fp:
             _refuse_mixing(session, sweep, trials, set(fps), spec_path)
         sweep.description = spec.description
         sweep.spec = spec.model_dump(mode="json")
-        sweep.spec_fingerprint = spec.fingerprint()
+        sweep.spec_fingerprint = spec_fp
         sweep.spec_path = spec_path
         session.flush()
         ids = dict(session.execute(sa.select(Run.fingerprint, Run.id).where(Run.sweep_id == sweep.id)).all())
@@ -151,6 +173,7 @@ def _refuse_mixing(session: Session, sweep: Sweep, trials: list[Any], fps: set[s
         raise AblateError(
             f"sweep {sweep.name!r} already holds results for the same cells with other settings ({counts}){where}: "
             f"{spec_path or 'this spec'} changes something besides the grid axes (budget, dataset, tokenizer, "
+            "a plugin's code, "
             "recipe ...), and registering it would mix two experiments under one name, so reports would pick cells "
             "from either. Give this spec another `name:` (a deployment run: --param name=NEW, or an override, which "
             "names the sweep after itself), or add --merge (flow parameter merge=true) to add its trials on purpose")
@@ -183,5 +206,5 @@ def run_row(trial: Any, config: dict[str, Any], fp: str, sweep_id: int, index: i
         heads=trial.heads, context=trial.context, lr=trial.lr, batch_size=trial.batch_size, seed=trial.seed,
         options=dict(trial.options), config=config, hardware=trial.budget.hardware,
         budget_kind=trial.budget.kind, budget_amount=trial.budget.amount, created_at=utcnow(),
-        code_version=code, library_versions=versions,
+        code_version=run_code(code, trial), library_versions=versions,
     )

@@ -104,7 +104,7 @@ class Run(Base):
     notes: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)  # e.g. on_oom shrink events
     checkpoint_path: Mapped[str | None] = mapped_column(sa.Text)
     # reproducibility
-    code_version: Mapped[str | None] = mapped_column(sa.String(64))
+    code_version: Mapped[str | None] = mapped_column(sa.String(64))  # ablate's, then its plugins' (run_code)
     library_versions: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
     # search linkage (Optuna study name and trial number)
     study_name: Mapped[str | None] = mapped_column(sa.String(200), index=True)
@@ -131,6 +131,17 @@ class Metric(Base):
     loss: Mapped[float]
     lr: Mapped[float | None]
     eval_point: Mapped[float | None]  # eval rows: the eval.at budget fraction this eval is for (1.0: the final eval)
+
+
+class PluginSource(Base):
+    """A file plugin's source by the identity of its code ('file:<sha256[:16]>'): a trial's `code` names it, and a
+    worker that never saw the file materialises it from here (ablate/plugins/stored.py)."""
+
+    __tablename__ = "plugin_sources"
+    identity: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    path: Mapped[str] = mapped_column(sa.Text)  # where it was registered from
+    text: Mapped[str] = mapped_column(sa.Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
 class Meta(Base):

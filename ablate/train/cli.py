@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ablate import store
 from ablate.config import TrialConfig
+from ablate.plugins import stored
 from ablate.config.errors import AblateError
 from ablate.train.state import Dist, Settings
 from ablate.train.loop import train
@@ -60,12 +61,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.run_id is not None:
             engine = store.connect(args.db)
             run = store.get_run(engine, args.run_id)
-            trial = TrialConfig.model_validate(run.config)
             db_id = store.database_id(engine)
-            claimant = _claim(engine, run, dist_)
+            claimant = _claim(engine, run, dist_)  # first: a trial that cannot be read fails under our claim
+            trial = TrialConfig.model_validate(run.config)
         else:
             text = Path(args.config[1:]).read_text() if args.config.startswith("@") else args.config
             trial = TrialConfig.model_validate(json.loads(text))
+        stored.ensure(trial)  # exactly the plugin code the trial was registered with
         settings = Settings(artifacts=Path(args.artifacts).resolve(), db_url=args.db, run_id=args.run_id,
                             checkpoint_every=args.checkpoint_every, memory_cap_mb=args.memory_cap_mb,
                             resume=not args.no_resume, progress=not args.quiet, device=args.device,

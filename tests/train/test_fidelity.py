@@ -99,9 +99,9 @@ def test_warmup_and_warmup_steps_in_one_sweep_are_refused_naming_both():
 
 
 def test_fields_added_at_their_earlier_values_keep_earlier_fingerprints():
-    """A config stored before betas, warmup_steps, horizon, multi-token loss, trained_on and eos_is_target existed."""
+    """A config stored before betas, warmup_steps, horizon, multi-token loss, trained_on, eos_is_target and code existed."""
     stored = trial(precision="bf16").model_dump(mode="json")
-    for key in ("betas", "warmup_steps", "horizon", "objective_options", "eos_is_target"):
+    for key in ("betas", "warmup_steps", "horizon", "objective_options", "eos_is_target", "code"):
         stored.pop(key)
     stored["tokenizer"].pop("trained_on", None)
     assert TrialConfig.model_validate(stored).fingerprint() == fingerprint(stored)

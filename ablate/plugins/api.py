@@ -1,0 +1,148 @@
+"""`ablate.architecture` and `ablate.objective`: the public way to register a family or an objective.
+
+    class Options(BaseModel):
+        kernel: int = 4
+
+    @ablate.architecture("shift-mixer", options=Options, description="masked mixer with a token shift")
+    def build(trial, vocab_size):            # input_ids (B, T) -> logits (B, T, V)
+        ...
+
+A plugin's Options are refused extra keys and frozen like every family's. Without a closed-form `param_count`,
+planning counts parameters by building the model on the meta device (no memory; it imports torch).
+
+The built-ins use the lazy form: `options` and `build` as import paths of a torch-free options module and of a
+model module, so that planning a built-in never imports torch. Registrations are recorded with the source that
+made them (ablate.plugins.load tells which plugin file is being read; otherwise the builder's module).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Iterable
+from types import SimpleNamespace
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ablate.config import registry
+from ablate.config.errors import AblateError
+from ablate.config.registry import BUILTIN, Family, ObjectiveEntry, Source
+from ablate.plugins.load import LOADING, module_source
+
+
+def architecture(name: str, *, options: Any, description: str = "", build: Any = None,
+                 param_count: Callable[[Any, int], int] | None = None,
+                 inter_token_params: Callable[[Any], int | None] | None = None,
+                 mixing_flops_per_token: Callable[[Any], float] | None = None) -> Any:
+    """Register a family: used as a decorator of `build(trial, vocab_size) -> nn.Module`, or with `build=`.
+
+    options: a pydantic model of the family's options (`trial.options` validates against it). param_count(trial,
+    vocab_size): the closed form, if you have one. inter_token_params(trial): the parameters that mix tokens
+    (recorded per run; unknown if not given). mixing_flops_per_token(trial): token-mixing FLOPs per token that
+    are not parameter multiplies, as attention's scores (the FLOPs estimate adds them; 0 if not given)."""
+    _check_name("architecture", name)
+    if isinstance(options, str) and isinstance(build, str):  # the lazy form: import paths
+        registry.add_family(Family(name, build, options, description, BUILTIN))
+        return build
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        counts = SimpleNamespace(
+            Options=_strict(options, "architecture", name),
+            param_count=param_count or _meta_count(name),
+            inter_token_params=inter_token_params or (lambda trial: None),
+            mixing_flops_per_token=mixing_flops_per_token or (lambda trial: 0.0))
+        model = SimpleNamespace(**vars(counts), build=fn)
+        registry.add_family(Family(name, model, counts, description or _first_line(fn), _source(fn),
+                                   closed_form=param_count is not None))
+        return fn
+
+    return register if build is None else register(build)
+
+
+def objective(name: str, *, options: Any = None, architectures: Iterable[str] | None = None, description: str = "",
+              build: Any = None, loss: Callable[[Any], Any] | None = None, count: Callable[[Any], Any] | None = None,
+              next_token: bool = False, unmasked: bool = False, token_targets: bool = True, **declared: Any) -> Any:
+    """Register an objective: used as a decorator of `build(trial, vocab_size) -> nn.Module`, or with `build=`.
+
+    loss(trial) -> (model, input_ids, labels) -> (loss sum, counted targets); default: next-token loss.
+    count(trial) -> labels -> number of targets; default: next-token targets. architectures: the families it is
+    built for (default every one). next_token: logits at t predict token t + 1 (reports sample from it).
+    unmasked: it may use a family's unmasked option. `declared`: check_trial, passes, param_counts (see
+    ablate/objectives/__init__.py)."""
+    _check_name("objective", name)
+    if isinstance(options, str) and isinstance(build, str):  # the lazy form: import paths
+        registry.add_objective(ObjectiveEntry(name, build, options, description, BUILTIN))
+        return build
+    unknown = set(declared) - {"check_trial", "passes", "param_counts"}
+    if unknown:
+        raise AblateError(f"ablate.objective({name!r}): unknown keyword {sorted(unknown)[0]!r}; besides the named "
+                          "ones it takes check_trial, passes and param_counts")
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        knowledge = SimpleNamespace(
+            Options=_strict(options, "objective", name), UNMASKED=unmasked, TOKEN_TARGETS=token_targets,
+            NEXT_TOKEN=next_token, ARCHITECTURES=tuple(architectures) if architectures is not None else None,
+            **declared)
+        module = SimpleNamespace(build=fn, loss=loss or _default("next_token_loss"),
+                                 count=count or _default("count_next_tokens"))
+        registry.add_objective(ObjectiveEntry(name, module, knowledge, description or _first_line(fn),
+                                              _source(fn)))
+        return fn
+
+    return register if build is None else register(build)
+
+
+def _check_name(kind: str, name: Any) -> None:
+    import re
+
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+        raise AblateError(f"ablate.{kind}({name!r}): a name is 1-64 letters, digits, '-', '_' or '.', "
+                          "starting with a letter or digit")
+
+
+def _strict(options: Any, kind: str, name: str) -> type[BaseModel]:
+    """The plugin's Options, frozen and refusing extra keys as every built-in's are (a subclass if it is not)."""
+    if options is None:
+        options = BaseModel
+    if not (isinstance(options, type) and issubclass(options, BaseModel)):
+        raise AblateError(f"ablate.{kind}({name!r}, options=...): options must be a pydantic BaseModel class "
+                          f"(got {options!r}); e.g. class Options(BaseModel): kernel: int = 4")
+    config = options.model_config
+    if config.get("extra") == "forbid" and config.get("frozen"):
+        return options
+    return type(options.__name__, (options,), {"model_config": ConfigDict(**{**config, "extra": "forbid",
+                                                                               "frozen": True}),
+                                                "__module__": options.__module__})
+
+
+def _source(fn: Any) -> Source:
+    loading = LOADING.get()
+    if loading is not None:
+        return loading
+    return module_source(sys.modules.get(getattr(fn, "__module__", ""), None))
+
+
+def _first_line(fn: Any) -> str:
+    return ((getattr(fn, "__doc__", None) or "").strip().splitlines() or [""])[0]
+
+
+def _default(name: str) -> Callable[[Any], Any]:
+    def hook(trial: Any) -> Any:  # the built-in objectives' torch helpers (they register through this module)
+        return getattr(importlib.import_module("ablate.objectives.base"), name)
+    return hook
+
+
+def _meta_count(name: str) -> Callable[[Any, int], int]:
+    """Parameters counted by building the model on the meta device: shapes only, no memory (imports torch)."""
+    def count(trial: Any, vocab_size: int) -> int:
+        import torch
+
+        build = registry.check_architecture(name).model_module().build
+        try:
+            with torch.device("meta"):
+                model = build(trial, vocab_size)
+        except Exception:  # a builder that computes on its tensors: build it for real, once
+            model = build(trial, vocab_size)
+        return sum(p.numel() for p in model.parameters())
+    return count

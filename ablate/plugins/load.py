@@ -1,0 +1,203 @@
+"""Loading plugins: a file (a sweep's `plugins: [./my_mixer.py]`, relative to the sweep file), an importable
+module (`mypkg.models`), or an installed package's entry point (group `ablate.plugins`, read on the registry's
+first lookup); and the identity of each one's code, which its trials carry (`code`, runs.code_version).
+
+A file is executed as a module named after its content hash, so that a re-read of the same file is free and an
+edited file registers its new code in place of the old. Whatever goes wrong names the plugin and the fix.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import importlib
+import importlib.util
+import re
+import sys
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ablate.config import registry
+from ablate.config.errors import AblateError
+from ablate.config.registry import Source
+
+# the plugin file being executed: what its registrations record as their source (ablate.plugins.api reads it)
+LOADING: contextvars.ContextVar[Source | None] = contextvars.ContextVar("ablate_plugin_loading", default=None)
+GROUP = "ablate.plugins"  # the entry-point group installed packages name their plugin module in
+
+# plugin files executed in this process, by (path, identity): a sweep read twice runs its plugin once
+_FILES: dict[tuple[str, str], Source] = {}
+BROKEN: dict[str, str] = {}  # entry points that could not load: name -> why (`ablate models` shows them)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    ref: str  # as the sweep wrote it
+    source: Source
+    names: tuple[str, ...]  # the architectures and objectives it registered
+
+
+def looks_like_file(ref: str) -> bool:
+    return ref.endswith(".py") or "/" in ref or "\\" in ref or ref.startswith(("~", "."))
+
+
+def load_plugin(ref: str, base_dir: Path | None = None, where: str | None = None) -> Loaded:
+    """Load one plugin reference: a file path (relative to `base_dir`, else the working directory) or a module.
+    `where`: the path to record for a file materialised from the results DB (the one it was registered from)."""
+    if not isinstance(ref, str) or not ref.strip():
+        raise AblateError(f"plugin {ref!r}: give a path to a .py file (./my_mixer.py) or a module name (mypkg.models)")
+    before = _names()
+    source = _load_file(ref, base_dir, where) if looks_like_file(ref) else _load_module(ref)
+    return Loaded(ref, source, tuple(n for n in _names() if n not in before or _owner(n) == source))
+
+
+def load_plugins(refs: list[Any], base_dir: Path | None = None) -> list[Loaded]:
+    """A sweep's `plugins:`, in order; problems are raised as one AblateError per plugin, naming it by index."""
+    loaded = []
+    for index, ref in enumerate(refs):
+        try:
+            loaded.append(load_plugin(ref, base_dir))
+        except AblateError as exc:
+            raise AblateError(f"plugins[{index}]: {exc}") from None
+    return loaded
+
+
+def _load_file(ref: str, base_dir: Path | None, where: str | None) -> Source:
+    path = Path(ref).expanduser()
+    if not path.is_absolute():
+        path = (base_dir or Path.cwd()) / path
+    path = path.resolve()
+    if not path.is_file():
+        raise AblateError(f"plugin {ref}: no file {path}; paths are read relative to the sweep file's folder "
+                          "(or the working directory on the command line)")
+    text = path.read_text(encoding="utf-8")
+    source = Source("file", where or str(path), file_identity(text), text)
+    if (source.where, source.identity) in _FILES:
+        return _FILES[source.where, source.identity]
+    module_name = f"ablate_plugin_{re.sub(r'[^0-9a-zA-Z_]', '_', path.stem)}_{source.identity[5:13]}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # its classes and functions pickle by this name (DDP's spawned processes)
+    _execute(ref, source, lambda: spec.loader.exec_module(module), module_name)
+    _FILES[source.where, source.identity] = source
+    return source
+
+
+def _load_module(ref: str) -> Source:
+    token = LOADING.set(None)
+    try:
+        module = _execute(ref, None, lambda: importlib.import_module(ref), None)
+    finally:
+        LOADING.reset(token)
+    return module_source(module)
+
+
+def _execute(ref: str, source: Source | None, run: Any, module_name: str | None) -> Any:
+    """Run a plugin's code with `source` as what its registrations record; a failure undoes them and says why."""
+    families, objectives = dict(registry._FAMILIES), dict(registry._OBJECTIVES)
+    token = LOADING.set(source) if source is not None else None
+    try:
+        return run()
+    except AblateError as exc:
+        _undo(families, objectives, module_name)
+        raise AblateError(f"plugin {ref}: {exc}") from None
+    except BaseException as exc:
+        _undo(families, objectives, module_name)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise AblateError(f"plugin {ref} failed to import: {_last_line(exc)}; fix the plugin (run it with "
+                          f"`python {ref}` to see the whole traceback)" if source is not None else
+                          f"plugin {ref} failed to import: {_last_line(exc)}; is it installed, and does "
+                          f"`python -c 'import {ref}'` work?") from None
+    finally:
+        if token is not None:
+            LOADING.reset(token)
+
+
+def _undo(families: dict[str, Any], objectives: dict[str, Any], module_name: str | None) -> None:
+    registry._FAMILIES.clear()
+    registry._FAMILIES.update(families)
+    registry._OBJECTIVES.clear()
+    registry._OBJECTIVES.update(objectives)
+    if module_name is not None:
+        sys.modules.pop(module_name, None)
+
+
+def _last_line(exc: BaseException) -> str:
+    """The traceback's last frame in the plugin and the exception, in one line."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename]
+    at = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{at}"
+
+
+def _names() -> list[str]:
+    return [*registry._FAMILIES, *registry._OBJECTIVES]
+
+
+def _owner(name: str) -> Source | None:
+    entry = registry._FAMILIES.get(name) or registry._OBJECTIVES.get(name)
+    return entry.source if entry is not None else None
+
+
+# ---------------------------------------------------------------- installed packages
+
+
+def load_entry_points() -> None:
+    """Every installed package's plugin module (entry-point group `ablate.plugins`). One that fails to load is
+    a warning, and stays listed in BROKEN; it breaks nothing else."""
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=GROUP):
+        try:
+            _execute(point.value, None, point.load, None)
+        except AblateError as exc:
+            BROKEN[point.name] = str(exc)
+            warnings.warn(f"entry point {point.name!r} ({point.value}, group {GROUP}) of an installed package "
+                          f"was skipped: {exc}", stacklevel=2)
+
+
+# ---------------------------------------------------------------- identity
+
+
+def file_identity(text: str) -> str:
+    return "file:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def module_source(module: ModuleType | None) -> Source:
+    """A module's source: the installed distribution it belongs to (name==version), else the hash of its
+    top-level package's files ('module:...'), or of its one file ('file:...', stored for workers)."""
+    if module is None:
+        return Source("module", "<unknown>", None)
+    top = module.__name__.split(".")[0]
+    dist = _distribution(top)
+    if dist is not None:
+        return Source("package", dist[0], f"package:{dist[0]}=={dist[1]}")
+    root = sys.modules.get(top, module)
+    path = Path(getattr(root, "__file__", "") or "")
+    if path.name == "__init__.py":
+        digest = hashlib.sha256()
+        for file in sorted(path.parent.rglob("*.py")):
+            digest.update(file.relative_to(path.parent).as_posix().encode() + b"\0" + file.read_bytes())
+        return Source("module", top, f"module:{top}:{digest.hexdigest()[:16]}")
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+        return Source("module", top, file_identity(text), text)
+    return Source("module", top, None)
+
+
+def _distribution(top: str) -> tuple[str, str] | None:
+    """(name, version) of the installed distribution that provides top-level module `top`; None for a module
+    that is only on the path (a checkout), or ablate's own."""
+    from importlib.metadata import packages_distributions, version
+
+    names = [n for n in packages_distributions().get(top, []) if n != "ablate"]
+    if not names or top in ("ablate", "tests"):
+        return None
+    try:
+        return names[0], version(names[0])
+    except Exception:
+        return None

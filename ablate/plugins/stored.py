@@ -1,0 +1,119 @@
+"""A file plugin's source in the results DB, by the identity of its code, and its materialisation where it runs.
+
+Registering a sweep stores the source of every plugin file its trials name (`save`); a process that reads a trial
+naming a plugin it has not loaded (a worker that never saw the file, a report on another machine) writes that
+exact source into a content-addressed folder and loads it (`materialise`). A trainer makes sure it builds with
+exactly the trial's code (`ensure`): a later edit on the submitting laptop cannot change a running sweep.
+Installed packages are not stored: a worker must have the same version installed, or the trial fails saying so.
+
+Trust: whoever can write the results DB can run code on the workers, as with any job queue.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from ablate.config import registry
+from ablate.config.errors import AblateError
+from ablate.config.registry import Source
+
+
+def components(code: str) -> list[tuple[str, str]]:
+    """(name, identity) of each plugin in a trial's `code` ('name@identity', '+' between two)."""
+    return [tuple(part.split("@", 1)) for part in code.split("+") if "@" in part]
+
+
+def sources_of(trials: list[Any]) -> list[Source]:
+    """The file plugins' sources that `trials` run (each once)."""
+    found: dict[str, Source] = {}
+    for trial in trials:
+        for name, identity in components(trial.code or ""):
+            entry = registry._FAMILIES.get(name) or registry._OBJECTIVES.get(name)
+            if entry is not None and entry.source.identity == identity and entry.source.text is not None:
+                found[identity] = entry.source
+    return list(found.values())
+
+
+def save(session: Any, sources: list[Source]) -> None:
+    """Store each source not stored yet (inside the registration's transaction)."""
+    from ablate.store.schema import PluginSource
+
+    if not sources:
+        return
+    have = set(session.scalars(sa.select(PluginSource.identity).where(
+        PluginSource.identity.in_([s.identity for s in sources]))))
+    for source in sources:
+        if source.identity not in have:
+            session.add(PluginSource(identity=source.identity, path=source.where, text=source.text))
+
+
+def ensure(trial: Any) -> None:
+    """Register exactly the code `trial` ran with (before building it): its stored source where this process
+    holds another version of a plugin, or none."""
+    if trial.code and registry.code_of(trial.architecture, trial.objective) != trial.code:
+        materialise(trial.code, exact=True)
+
+
+def materialise(code: str, exact: bool = False) -> None:
+    """Load the plugins a trial's `code` names that are not registered (or, `exact`, registered with other code)."""
+    from ablate.plugins.load import load_plugin
+
+    for name, identity in components(code):
+        entry = registry._FAMILIES.get(name) or registry._OBJECTIVES.get(name)
+        if entry is not None and (not exact or entry.source.identity == identity):
+            continue
+        kind = identity.split(":", 1)[0]
+        if kind == "package":
+            raise AblateError(f"{name!r} comes from the installed package {identity.removeprefix('package:')}, "
+                              f"which is not installed here{_have(entry)}: install that version on every worker "
+                              "(docker-compose: add it to EXTRA_REQUIREMENTS, see the README's 'Your own architecture')")
+        if kind == "module":
+            top = identity.split(":", 2)[1]
+            load_plugin(top)
+            entry = registry._FAMILIES.get(name) or registry._OBJECTIVES.get(name)
+            if entry is None or entry.source.identity != identity:
+                raise AblateError(f"{name!r} comes from module {top} at {identity}, but this machine's {top} is "
+                                  f"other code{_have(entry)}: install the same version on every worker")
+            continue
+        path, text = _stored(identity, name)
+        load_plugin(str(_write(identity, path, text)), where=path)
+
+
+def _have(entry: Any) -> str:
+    return f" (this machine has {entry.source.describe()})" if entry is not None else ""
+
+
+def _stored(identity: str, name: str) -> tuple[str, str]:
+    """(path, text) of a stored source, from any results DB this process has opened."""
+    from ablate.store.migrate import _ENGINES, _READERS
+    from ablate.store.schema import PluginSource
+
+    for engine in [*_ENGINES.values(), *_READERS.values()]:
+        try:
+            with engine.connect() as conn:
+                row = conn.execute(sa.select(PluginSource.path, PluginSource.text)
+                                   .where(PluginSource.identity == identity)).first()
+        except sa.exc.SQLAlchemyError:
+            continue
+        if row is not None:
+            return row.path, row.text
+    raise AblateError(f"architecture or objective {name!r} is a plugin ({identity}) whose source is not in the "
+                      "results DB: register its sweep again from the machine that has the plugin file")
+
+
+def _write(identity: str, path: str, text: str) -> Path:
+    """The source in a folder named by its identity (written once, atomically: concurrent trainers share it)."""
+    folder = Path(tempfile.gettempdir()) / "ablate-plugins" / identity.replace(":", "-")
+    target = folder / Path(path).name
+    if not target.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, target)
+    return target
