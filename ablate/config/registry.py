@@ -46,6 +46,8 @@ class Source:
     def describe(self) -> str:
         if self.kind == "builtin":
             return "built-in"
+        if self.kind == "package" and self.identity:
+            return f"package {self.identity.removeprefix('package:')}"
         return f"{self.kind} {self.where}" + (f" ({self.identity.split(':', 1)[1]})" if self.identity else "")
 
     def same_plugin(self, other: Source) -> bool:

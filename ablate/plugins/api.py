@@ -10,8 +10,10 @@
 A plugin's Options are refused extra keys and frozen like every family's. Without a closed-form `param_count`,
 planning counts parameters by building the model on the meta device (no memory; it imports torch).
 
-The built-ins use the lazy form: `options` and `build` as import paths of a torch-free options module and of a
-model module, so that planning a built-in never imports torch. Registrations are recorded with the source that
+The built-ins use the lazy form: `options` and `build` as import paths of a torch-free options module (Options,
+param_count, inter_token_params, mixing_flops_per_token: models/contract.py's FamilyOptions) and of a model module
+(build), so that planning a built-in never imports torch. An installed package can do the same (see
+examples/plugins/shiftmix-package), so that `ablate plan` on any sweep never imports torch for its sake. Registrations are recorded with the source that
 made them (ablate.plugins.load tells which plugin file is being read; otherwise the builder's module).
 """
 
@@ -43,7 +45,7 @@ def architecture(name: str, *, options: Any, description: str = "", build: Any =
     are not parameter multiplies, as attention's scores (the FLOPs estimate adds them; 0 if not given)."""
     _check_name("architecture", name)
     if isinstance(options, str) and isinstance(build, str):  # the lazy form: import paths
-        registry.add_family(Family(name, build, options, description, BUILTIN))
+        registry.add_family(Family(name, build, options, description, _path_source(options)))
         return build
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -72,7 +74,7 @@ def objective(name: str, *, options: Any = None, architectures: Iterable[str] | 
     ablate/objectives/__init__.py)."""
     _check_name("objective", name)
     if isinstance(options, str) and isinstance(build, str):  # the lazy form: import paths
-        registry.add_objective(ObjectiveEntry(name, build, options, description, BUILTIN))
+        registry.add_objective(ObjectiveEntry(name, build, options, description, _path_source(options)))
         return build
     unknown = set(declared) - {"check_trial", "passes", "param_counts"}
     if unknown:
@@ -121,6 +123,14 @@ def _source(fn: Any) -> Source:
     if loading is not None:
         return loading
     return module_source(sys.modules.get(getattr(fn, "__module__", ""), None))
+
+
+def _path_source(path: str) -> Source:
+    """The source of a lazy registration: ablate's own modules are the built-ins; a package's are its own."""
+    top = path.split(".")[0]
+    if top == "ablate":
+        return BUILTIN
+    return LOADING.get() or module_source(sys.modules.get(top) or importlib.import_module(top))
 
 
 def _first_line(fn: Any) -> str:

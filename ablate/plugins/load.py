@@ -110,7 +110,7 @@ def _execute(ref: str, source: Source | None, run: Any, module_name: str | None)
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise AblateError(f"plugin {ref} failed to import: {_last_line(exc)}; fix the plugin (run it with "
-                          f"`python {ref}` to see the whole traceback)" if source is not None else
+                          f"`python {ref}` to see the whole traceback)" if source is not None and source.kind == "file" else
                           f"plugin {ref} failed to import: {_last_line(exc)}; is it installed, and does "
                           f"`python -c 'import {ref}'` work?") from None
     finally:
@@ -152,8 +152,10 @@ def load_entry_points() -> None:
     from importlib.metadata import entry_points
 
     for point in entry_points(group=GROUP):
+        dist = point.dist  # what its registrations record: the installed distribution and its version
+        source = Source("package", dist.name, f"package:{dist.name}=={dist.version}") if dist is not None else None
         try:
-            _execute(point.value, None, point.load, None)
+            _execute(point.value, source, point.load, None)
         except AblateError as exc:
             BROKEN[point.name] = str(exc)
             warnings.warn(f"entry point {point.name!r} ({point.value}, group {GROUP}) of an installed package "
@@ -189,12 +191,18 @@ def module_source(module: ModuleType | None) -> Source:
     return Source("module", top, None)
 
 
+_PROVIDERS: dict[tuple[str, ...], dict[str, list[str]]] = {}  # top-level module -> distributions, per sys.path
+
+
 def _distribution(top: str) -> tuple[str, str] | None:
     """(name, version) of the installed distribution that provides top-level module `top`; None for a module
     that is only on the path (a checkout), or ablate's own."""
     from importlib.metadata import packages_distributions, version
 
-    names = [n for n in packages_distributions().get(top, []) if n != "ablate"]
+    providers = _PROVIDERS.get(tuple(sys.path))
+    if providers is None:  # ~0.1 CPU-s to read every installed distribution's file list: once per sys.path
+        providers = _PROVIDERS[tuple(sys.path)] = packages_distributions()
+    names = [n for n in providers.get(top, []) if n != "ablate"]
     if not names or top in ("ablate", "tests"):
         return None
     try:

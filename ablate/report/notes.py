@@ -36,7 +36,17 @@ def recipe_lines(views: list[RunView]) -> list[str]:
     for v in views:
         if v.trial is not None:
             found.setdefault(describe_recipe(v.trial), set()).add(getattr(v.row, "precision", None) or "not yet run")
-    return [f"Recipe: {text} (ran in {', '.join(sorted(ran))})" for text, ran in found.items()]
+    return [f"Recipe: {text} (ran in {', '.join(sorted(ran))})" for text, ran in found.items()] + code_lines(views)
+
+
+def code_lines(views: list[RunView]) -> list[str]:
+    """The plugin code each architecture's runs ran ('name@identity'), when any run came from a plugin; two
+    versions of one plugin also split its cells (`code` is then a varying axis)."""
+    found: dict[str, set[str]] = {}
+    for v in views:
+        if v.trial is not None and v.trial.code:
+            found.setdefault(v.trial.architecture, set()).add(v.trial.code)
+    return [f"Plugin code of {name}: {', '.join(sorted(codes))}" for name, codes in found.items()]
 
 
 def check_orderings(spec: SweepSpec, views: list[RunView]) -> list[str]:

@@ -425,3 +425,42 @@ def test_a_search_flow_run_on_a_dead_machine_is_marked_crashed(cluster):
     print(f"timings: search flow run {state.name} {time.monotonic() - killed:.0f} s after its machine died")
     assert state.is_crashed() and "no heartbeat" in (state.message or ""), state
     cluster.workers[cluster.workers.index(victim)] = cluster.start(str(BIN / "ablate"), "worker", "--pool", "lab")
+
+
+def test_a_plugin_file_trains_on_a_worker_that_never_saw_it_and_a_missing_package_fails_the_trial(cluster):
+    """The laptop registers a sweep naming a plugin file, then the file is gone: a trial worker (whose working
+    directory never held it) trains from the source the results DB keeps. A run whose plugin is an installed
+    package the worker lacks ends Failed in Prefect with what to install, before any training."""
+    from tests.plugins.test_plugins import MIXER
+
+    laptop = cluster.tmp / "laptop"
+    laptop.mkdir()
+    plugin = laptop / "convmix.py"
+    plugin.write_text(MIXER.replace("{name}", "conv-cluster").replace("{tag}", "cluster"))
+    spec = _spec("plugged", {"steps": 6}, "lab", [{"architecture": ["conv-cluster"], "d_model": [32, 48]}])
+    (laptop / "plugged.yaml").write_text(yaml.safe_dump({**spec, "plugins": ["./convmix.py"]}, sort_keys=False))
+    registered = subprocess.run([str(BIN / "ablate"), "sweep", "register", "plugged.yaml", "--db", cluster.url],
+                                env=cluster.env, cwd=laptop, capture_output=True, text=True, timeout=patience(120))
+    assert registered.returncode == 0, registered.stderr[-2000:]
+    plugin.unlink()
+    engine = store.connect(cluster.url)
+    with engine.connect() as conn:
+        runs = conn.execute(sa.select(store.Run.id, store.Run.code_version).join(store.Sweep)
+                            .where(store.Sweep.name == "plugged").order_by(store.Run.id)).all()
+    trained, missing = runs
+    assert trained.code_version.split()[-1].startswith("file:")
+    config = {**store.get_run(engine, missing.id).config, "architecture": "conv-absent",
+              "code": "conv-absent@package:ablate-convabsent==9.9"}
+    store.update_run(engine, missing.id, config=config, architecture="conv-absent")
+
+    flow_runs = {run.id: cluster.deployment_run("trial/lab", f"run_id={run.id}") for run in runs}
+    deadline = Deadline(300)
+    while not all(cluster.flow_run(f).state.is_final() for f in flow_runs.values()):
+        deadline.check("the trial flow runs did not finish")
+        time.sleep(1)
+    ok, failed = (cluster.flow_run(flow_runs[run.id]).state for run in runs)
+    assert ok.is_completed(), ok
+    assert store.get_run(engine, trained.id).status == "completed"
+    assert failed.is_failed() and "ablate-convabsent==9.9, which is not installed here" in failed.message
+    row = store.get_run(engine, missing.id)
+    assert row.status == "failed" and row.steps is None and "EXTRA_REQUIREMENTS" in row.error

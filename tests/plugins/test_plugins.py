@@ -316,6 +316,7 @@ def test_a_plugin_is_planned_trained_beside_a_built_in_reported_and_an_edit_make
     assert report.returncode == 0, report.stderr
     text = (tmp_path / "report" / "report.md").read_text()
     assert f"code=conv-test@{first_code}" in text and f"code=conv-test@{new[0].code_version.split()[-1]}" in text
+    assert "Plugin code of conv-test: conv-test@" in text
     assert "architecture=mixer" in text
 
 
@@ -376,3 +377,24 @@ def test_the_example_plugin_passes_the_whole_contract_and_its_closed_form_is_exa
     assert findings["param count"].ok is True and findings["causal (eval)"].ok is True
     spec, trials = load_trials(REPO / "examples" / "plugins" / "compare.yaml")
     assert {t.architecture for t in trials} == {"shift-mixer", "mixer", "llama"}
+
+
+def test_the_installed_example_package_is_found_by_its_entry_point_and_plans_without_torch(tmp_path):
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("ablate-shiftmix")
+    except PackageNotFoundError:
+        pytest.skip("pip install examples/plugins/shiftmix-package (.ci/run does)")
+    family = registry.check_architecture("shiftmix")
+    assert family.source.kind == "package" and family.source.identity == f"package:ablate-shiftmix=={installed}"
+    assert family.closed_form  # its torch-free options module: planning builds nothing
+    path = sweep_file(tmp_path, [], architectures=("shiftmix", "mixer"))
+    code = ("import sys\nfrom ablate.config import load_trials\n"
+            f"trials = load_trials({str(path)!r})[1]\n"
+            "from ablate.cli.plan import _param_counts\n"
+            "print(trials[0].code, _param_counts(trials[0])[0], 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert out.returncode == 0, out.stderr
+    code_of, params, torch_loaded = out.stdout.split()
+    assert code_of == f"shiftmix@package:ablate-shiftmix=={installed}" and int(params) > 0 and torch_loaded == "False"
