@@ -27,7 +27,7 @@ import torch
 from ablate.train import budget as bud
 from ablate import models
 from ablate.objectives.base import causal_lm_loss
-from ablate.config import TrialConfig
+from ablate.config import TrialConfig, registry
 
 VOCAB = 4096
 
@@ -52,7 +52,7 @@ def flops_per_token(model: torch.nn.Module, t: TrialConfig) -> float:
     heads = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
     emb = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) and id(m.weight) not in heads)
     n = sum(p.numel() for p in model.parameters())
-    return bud.train_flops_per_token(n - emb, models.family(t.architecture).mixing_flops_per_token(t))
+    return bud.train_flops_per_token(n - emb, registry.check_architecture(t.architecture).mixing_flops_per_token(t))
 
 
 def _sync(device: torch.device) -> None:

@@ -72,7 +72,7 @@ def _print_plugins(trials: list[Any]) -> None:
 
     names = dict.fromkeys(part.split("@", 1)[0] for t in trials if t.code for part in t.code.split("+"))
     for name in names:
-        entry = registry.families().get(name) or registry.objectives()[name]
+        entry = registry.registered(name)
         counted = "" if getattr(entry, "closed_form", True) else (
             "; parameters counted by building it on the meta device (no memory; give param_count= to skip)")
         console.print(f"plugin {escape(name)}: {escape(entry.source.describe())}{counted}")
@@ -150,13 +150,13 @@ KNOWN_VOCABS = {"gpt2": 50257, "gpt2-medium": 50257, "gpt-neo-125m": 50257, "lla
 
 
 def _param_counts(trial: Any) -> tuple[int, int]:
-    """(total, inter-token) parameters from the family's closed-form formula and the objective's (torch-free)."""
-    from ablate import models
+    """(total, inter-token; None where the family does not say) parameters from the family's closed form (a plugin
+    without one: built on the meta device) and the objective's (torch-free)."""
     from ablate.config import registry
 
-    fam = models.options_module(trial.architecture)
+    family = registry.check_architecture(trial.architecture)
     # a loaded tokenizer's size is known only once it is loaded (transformers, maybe the hub): the common ones here
     vocab = (KNOWN_VOCABS.get(trial.tokenizer.name.rsplit("/", 1)[-1], 32000) if trial.tokenizer.name
              else trial.tokenizer.vocab_size or 32000)
-    total, inter = fam.param_count(trial, vocab), fam.inter_token_params(trial)
-    return registry.objective(trial.objective).param_counts(trial, total, inter, vocab, fam)
+    total, inter = family.param_count(trial, vocab), family.inter_token_params(trial)
+    return registry.objective(trial.objective).param_counts(trial, total, inter, vocab, family.options_module())

@@ -2,8 +2,9 @@
 
 A family is two references, each an import path (read lazily, so that reading a spec never imports torch) or
 an object a plugin handed over:
-    options   torch-free: Options (frozen pydantic, extra keys forbidden), param_count(trial, vocab_size),
-              inter_token_params(trial), mixing_flops_per_token(trial): what validation and planning need
+    options   torch-free: Options (frozen pydantic, extra keys forbidden), and where it has them,
+              param_count(trial, vocab_size), inter_token_params(trial), mixing_flops_per_token(trial): what
+              validation and planning need (Family gives the defaults of those it lacks)
     model     imports torch, re-exports those, and adds build(trial, vocab_size) -> nn.Module mapping
               input_ids (B, T) -> logits (B, T, V)
 
@@ -70,18 +71,41 @@ def _clash(kind: str, name: str, known: Source, new: Source) -> AblateError:
 
 @dataclass(frozen=True)
 class Family:
+    """A registered family. Its counts are its options module's functions, with the defaults a plugin that gives
+    none gets: parameters counted on the meta device, inter-token parameters unknown, no mixing FLOPs."""
+
     name: str
     model_ref: Any  # the model module's import path, or a plugin's namespace with build
     options_ref: Any  # the torch-free options module's path, or a plugin's namespace with Options and the counts
     description: str
     source: Source = BUILTIN
-    closed_form: bool = True  # param_count is a formula; False: it builds the model on the meta device
 
     def options_module(self) -> Any:
         return resolve(self.options_ref)
 
     def model_module(self) -> Any:
         return resolve(self.model_ref)
+
+    @property
+    def closed_form(self) -> bool:
+        """Whether param_count is a formula (else counting builds the model on the meta device)."""
+        return hasattr(self.options_module(), "param_count")
+
+    def param_count(self, trial: Any, vocab_size: int) -> int:
+        count = getattr(self.options_module(), "param_count", None)
+        if count is not None:
+            return count(trial, vocab_size)
+        return importlib.import_module(f"{PLUGINS}.load").meta_count(self, trial, vocab_size)  # imports torch
+
+    def inter_token_params(self, trial: Any) -> int | None:
+        """The parameters that mix tokens (recorded per run); None: the family does not say."""
+        count = getattr(self.options_module(), "inter_token_params", None)
+        return None if count is None else count(trial)
+
+    def mixing_flops_per_token(self, trial: Any) -> float:
+        """Token-mixing FLOPs per token that are not parameter multiplies (attention's scores); default none."""
+        flops = getattr(self.options_module(), "mixing_flops_per_token", None)
+        return 0.0 if flops is None else flops(trial)
 
 
 _FAMILIES: dict[str, Family] = {}
@@ -257,6 +281,26 @@ def objective(name: str) -> ObjectiveEntry:
 def unmasked_objectives() -> tuple[str, ...]:
     """The objectives that may use a family's unmasked option."""
     return tuple(name for name, entry in objectives().items() if entry.unmasked)
+
+
+# ---------------------------------------------------------------- plugins: lookups by name, undoing a failed one
+
+
+def registered(name: Any) -> Family | ObjectiveEntry | None:
+    """The family, else the objective, registered under `name` (a trial's `code` names its plugins so)."""
+    _load_builtins()
+    return _FAMILIES.get(name) or _OBJECTIVES.get(name)
+
+
+def snapshot() -> tuple[dict[str, Family], dict[str, ObjectiveEntry]]:
+    """Both tables as they are (a plugin that fails to load is undone back to this)."""
+    return dict(_FAMILIES), dict(_OBJECTIVES)
+
+
+def restore(saved: tuple[dict[str, Family], dict[str, ObjectiveEntry]]) -> None:
+    for table, entries in zip((_FAMILIES, _OBJECTIVES), saved):
+        table.clear()
+        table.update(entries)
 
 
 # ---------------------------------------------------------------- the identity of a trial's code

@@ -49,14 +49,12 @@ def architecture(name: str, *, options: Any, description: str = "", build: Any =
         return build
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        counts = SimpleNamespace(
-            Options=_strict(options, "architecture", name),
-            param_count=param_count or _meta_count(name),
-            inter_token_params=inter_token_params or (lambda trial: None),
-            mixing_flops_per_token=mixing_flops_per_token or (lambda trial: 0.0))
+        given = {"param_count": param_count, "inter_token_params": inter_token_params,
+                 "mixing_flops_per_token": mixing_flops_per_token}
+        counts = SimpleNamespace(Options=_strict(options, "architecture", name),
+                                 **{key: f for key, f in given.items() if f is not None})  # Family's defaults
         model = SimpleNamespace(**vars(counts), build=fn)
-        registry.add_family(Family(name, model, counts, description or _first_line(fn), _source(fn),
-                                   closed_form=param_count is not None))
+        registry.add_family(Family(name, model, counts, description or _first_line(fn), _source(fn)))
         return fn
 
     return register if build is None else register(build)
@@ -141,18 +139,3 @@ def _default(name: str) -> Callable[[Any], Any]:
     def hook(trial: Any) -> Any:  # the built-in objectives' torch helpers (they register through this module)
         return getattr(importlib.import_module("ablate.objectives.base"), name)
     return hook
-
-
-def _meta_count(name: str) -> Callable[[Any, int], int]:
-    """Parameters counted by building the model on the meta device: shapes only, no memory (imports torch)."""
-    def count(trial: Any, vocab_size: int) -> int:
-        import torch
-
-        build = registry.check_architecture(name).model_module().build
-        try:
-            with torch.device("meta"):
-                model = build(trial, vocab_size)
-        except Exception:  # a builder that computes on its tensors: build it for real, once
-            model = build(trial, vocab_size)
-        return sum(p.numel() for p in model.parameters())
-    return count

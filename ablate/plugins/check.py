@@ -253,9 +253,9 @@ def _rows_independent(s: _Subject) -> tuple[bool, str]:
 
 
 def _closed_form(trial: TrialConfig, vocab: int) -> int | None:
-    """The family's param_count(trial, vocab), or None where its options module gives none (a plugin need not)."""
-    count = getattr(registry.options_module(trial.architecture), "param_count", None)
-    return None if count is None else count(trial, vocab)
+    """The family's param_count(trial, vocab), or None where it gives none (a plugin need not)."""
+    family = registry.check_architecture(trial.architecture)
+    return family.param_count(trial, vocab) if family.closed_form else None
 
 
 def _param_count(s: _Subject) -> tuple[bool | None, str]:

@@ -79,10 +79,10 @@ def _load_file(ref: str, base_dir: Path | None, where: str | None) -> Source:
     if (source.where, source.identity) in _FILES:
         return _FILES[source.where, source.identity]
     module_name = f"ablate_plugin_{re.sub(r'[^0-9a-zA-Z_]', '_', path.stem)}_{source.identity[5:13]}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(module_name, path))
     sys.modules[module_name] = module  # its classes and functions pickle by this name (DDP's spawned processes)
-    _execute(ref, source, lambda: spec.loader.exec_module(module), module_name)
+    # the text that was hashed is the code that runs (an edit between reading and running cannot slip in)
+    _execute(ref, source, lambda: exec(compile(text, str(path), "exec"), module.__dict__), module_name)
     _FILES[source.where, source.identity] = source
     return source
 
@@ -98,31 +98,28 @@ def _load_module(ref: str) -> Source:
 
 def _execute(ref: str, source: Source | None, run: Any, module_name: str | None) -> Any:
     """Run a plugin's code with `source` as what its registrations record; a failure undoes them and says why."""
-    families, objectives = dict(registry._FAMILIES), dict(registry._OBJECTIVES)
+    saved = registry.snapshot()
     token = LOADING.set(source) if source is not None else None
     try:
         return run()
     except AblateError as exc:
-        _undo(families, objectives, module_name)
+        _undo(saved, module_name)
         raise AblateError(f"plugin {ref}: {exc}") from None
     except BaseException as exc:
-        _undo(families, objectives, module_name)
+        _undo(saved, module_name)
         if isinstance(exc, KeyboardInterrupt):
             raise
-        raise AblateError(f"plugin {ref} failed to import: {_last_line(exc)}; fix the plugin (run it with "
-                          f"`python {ref}` to see the whole traceback)" if source is not None and source.kind == "file" else
-                          f"plugin {ref} failed to import: {_last_line(exc)}; is it installed, and does "
-                          f"`python -c 'import {ref}'` work?") from None
+        fix = (f"fix the plugin (run it with `python {ref}` to see the whole traceback)"
+               if source is not None and source.kind == "file" else
+               f"is it installed, and does `python -c 'import {ref}'` work?")
+        raise AblateError(f"plugin {ref} failed to import: {_last_line(exc)}; {fix}") from None
     finally:
         if token is not None:
             LOADING.reset(token)
 
 
-def _undo(families: dict[str, Any], objectives: dict[str, Any], module_name: str | None) -> None:
-    registry._FAMILIES.clear()
-    registry._FAMILIES.update(families)
-    registry._OBJECTIVES.clear()
-    registry._OBJECTIVES.update(objectives)
+def _undo(saved: Any, module_name: str | None) -> None:
+    registry.restore(saved)
     if module_name is not None:
         sys.modules.pop(module_name, None)
 
@@ -135,11 +132,11 @@ def _last_line(exc: BaseException) -> str:
 
 
 def _names() -> list[str]:
-    return [*registry._FAMILIES, *registry._OBJECTIVES]
+    return [*registry.families(), *registry.objectives()]
 
 
 def _owner(name: str) -> Source | None:
-    entry = registry._FAMILIES.get(name) or registry._OBJECTIVES.get(name)
+    entry = registry.registered(name)
     return entry.source if entry is not None else None
 
 
@@ -209,3 +206,20 @@ def _distribution(top: str) -> tuple[str, str] | None:
         return names[0], version(names[0])
     except Exception:
         return None
+
+
+# ---------------------------------------------------------------- counting
+
+
+def meta_count(family: Any, trial: Any, vocab_size: int) -> int:
+    """Parameters of a family without a closed form, counted by building it on the meta device: shapes only, no
+    memory (imports torch). A builder that computes on its tensors is built for real, once."""
+    import torch
+
+    build = family.model_module().build
+    try:
+        with torch.device("meta"):
+            model = build(trial, vocab_size)
+    except Exception:  # noqa: BLE001 - e.g. .item() on a meta tensor
+        model = build(trial, vocab_size)
+    return sum(p.numel() for p in model.parameters())

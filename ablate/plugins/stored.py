@@ -33,7 +33,7 @@ def sources_of(trials: list[Any]) -> list[Source]:
     found: dict[str, Source] = {}
     for trial in trials:
         for name, identity in components(trial.code or ""):
-            entry = registry._FAMILIES.get(name) or registry._OBJECTIVES.get(name)
+            entry = registry.registered(name)
             if entry is not None and entry.source.identity == identity and entry.source.text is not None:
                 found[identity] = entry.source
     return list(found.values())
@@ -64,7 +64,7 @@ def materialise(code: str, exact: bool = False) -> None:
     from ablate.plugins.load import load_plugin
 
     for name, identity in components(code):
-        entry = registry._FAMILIES.get(name) or registry._OBJECTIVES.get(name)
+        entry = registry.registered(name)
         if entry is not None and (not exact or entry.source.identity == identity):
             continue
         kind = identity.split(":", 1)[0]
@@ -75,13 +75,13 @@ def materialise(code: str, exact: bool = False) -> None:
         if kind == "module":
             top = identity.split(":", 2)[1]
             load_plugin(top)
-            entry = registry._FAMILIES.get(name) or registry._OBJECTIVES.get(name)
+            entry = registry.registered(name)
             if entry is None or entry.source.identity != identity:
                 raise AblateError(f"{name!r} comes from module {top} at {identity}, but this machine's {top} is "
                                   f"other code{_have(entry)}: install the same version on every worker")
             continue
         path, text = _stored(identity, name)
-        load_plugin(str(_write(identity, path, text)), where=path)
+        load_plugin(str(_write(identity, path, text)), where=path)  # its identity is the text's hash: that text
 
 
 def _have(entry: Any) -> str:
@@ -93,25 +93,34 @@ def _stored(identity: str, name: str) -> tuple[str, str]:
     from ablate.store.migrate import _ENGINES, _READERS
     from ablate.store.schema import PluginSource
 
+    unread = []
     for engine in [*_ENGINES.values(), *_READERS.values()]:
         try:
             with engine.connect() as conn:
                 row = conn.execute(sa.select(PluginSource.path, PluginSource.text)
                                    .where(PluginSource.identity == identity)).first()
-        except sa.exc.SQLAlchemyError:
+        except sa.exc.SQLAlchemyError as exc:  # e.g. the database went away: said, not taken for a missing row
+            unread.append(f"{engine.url.render_as_string(hide_password=True)} ({type(exc.orig or exc).__name__})")
             continue
         if row is not None:
             return row.path, row.text
+    if unread:
+        raise AblateError(f"{name!r} is a plugin ({identity}) whose source could not be read from the results DB: "
+                          f"{', '.join(unread)}; check that the database is reachable, then retry the trial")
     raise AblateError(f"architecture or objective {name!r} is a plugin ({identity}) whose source is not in the "
                       "results DB: register its sweep again from the machine that has the plugin file")
 
 
 def _write(identity: str, path: str, text: str) -> Path:
-    """The source in a folder named by its identity (written once, atomically: concurrent trainers share it)."""
-    folder = Path(tempfile.gettempdir()) / "ablate-plugins" / identity.replace(":", "-")
+    """The source in a folder named by its identity, in this user's own temporary folder (mode 700: nobody else
+    can put code there), written atomically unless the file there already holds it: concurrent trainers share it."""
+    from ablate.plugins.load import file_identity
+
+    folder = Path(tempfile.gettempdir()) / f"ablate-plugins-{os.getuid()}" / identity.replace(":", "-")
     target = folder / Path(path).name
-    if not target.exists():
-        folder.mkdir(parents=True, exist_ok=True)
+    if not (target.exists() and file_identity(target.read_text(encoding="utf-8")) == identity):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.parent.chmod(0o700)
         fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(text)

@@ -85,7 +85,7 @@ class Trainer:
         self.prepared = data_mod.prepare(trial.dataset, trial.tokenizer, trial.context, settings.artifacts,
                                          progress=settings.progress and self.dist.is_main,
                                          eos_is_target=trial.eos_is_target)
-        self.family = models.family(trial.architecture)
+        self.family = registry.check_architecture(trial.architecture)  # its counts, with a plugin's defaults
         self.model = objectives.model_for(trial, self.prepared.vocab_size).to(device)
         self.params = sum(p.numel() for p in self.model.parameters())
         # lookups cost no FLOPs; a tied embedding is also the LM head, whose FLOPs do count

@@ -4,6 +4,7 @@ packages are found by entry point; whatever goes wrong names the plugin and the 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -84,8 +85,15 @@ def test_a_plugin_file_registers_with_its_source_and_its_trials_carry_its_code(t
     import torch
 
     built = sum(p.numel() for p in registry.model_module("conv-test").build(conv, 384).parameters())
-    assert registry.options_module("conv-test").param_count(conv, 384) == built
+    assert registry.check_architecture("conv-test").param_count(conv, 384) == built
     assert not any(p.is_meta for p in torch.nn.Linear(1, 1).parameters())  # the meta device did not leak out
+    # what it does not give, the family's defaults say: unknown inter-token parameters, no mixing FLOPs; and the
+    # contract check does not take the meta count for a closed form
+    assert family.inter_token_params(conv) is None and family.mixing_flops_per_token(conv) == 0.0
+    from ablate.plugins.check import check_trial, small_trial
+
+    counted = {f.name: f for f in check_trial(small_trial("conv-test"))}["param count"]
+    assert counted.ok is None and "no closed form" in counted.detail
 
 
 def test_reading_a_sweep_twice_loads_its_plugin_once_and_an_edit_changes_the_trials_identity(tmp_path):
@@ -398,3 +406,28 @@ def test_the_installed_example_package_is_found_by_its_entry_point_and_plans_wit
     assert out.returncode == 0, out.stderr
     code_of, params, torch_loaded = out.stdout.split()
     assert code_of == f"shiftmix@package:ablate-shiftmix=={installed}" and int(params) > 0 and torch_loaded == "False"
+
+
+def test_a_stored_source_is_materialised_exactly_even_over_a_tampered_copy(tmp_path, sqlite_url, monkeypatch):
+    import tempfile
+
+    from ablate.config import parse_spec
+
+    write_plugin(tmp_path)
+    path = sweep_file(tmp_path, ["./conv_plugin.py"], architectures=("conv-test",))
+    spec, (trial,) = load_trials(path)
+    engine = store.connect(sqlite_url)
+    _, (run_id,) = store.register_sweep(engine, parse_spec(yaml.safe_load(path.read_text()), base_dir=tmp_path),
+                                        [trial])
+    identity = trial.code.split("@", 1)[1]
+    copy = Path(tempfile.gettempdir()) / f"ablate-plugins-{os.getuid()}" / identity.replace(":", "-") / "conv_plugin.py"
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_text("raise SystemExit('not the registered code')\n")  # a stale or tampered copy
+    (tmp_path / "conv_plugin.py").unlink()
+    del registry._FAMILIES["conv-test"]  # a process that never loaded it
+    monkeypatch.setattr(load, "_FILES", {})
+    stored = TrialConfig.model_validate(store.get_run(engine, run_id).config)
+    family = registry.check_architecture("conv-test")
+    assert stored.code == trial.code and family.source.identity == identity
+    assert family.source.where == str(tmp_path / "conv_plugin.py")  # recorded as registered, run from the copy
+    assert load.file_identity(copy.read_text()) == identity
