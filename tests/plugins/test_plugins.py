@@ -413,7 +413,7 @@ def test_a_stored_source_is_materialised_exactly_even_over_a_tampered_copy(tmp_p
 
     from ablate.config import parse_spec
 
-    write_plugin(tmp_path)
+    write_plugin(tmp_path, tag="tampered")  # code no other test registers: this DB alone holds its source
     path = sweep_file(tmp_path, ["./conv_plugin.py"], architectures=("conv-test",))
     spec, (trial,) = load_trials(path)
     engine = store.connect(sqlite_url)
