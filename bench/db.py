@@ -29,6 +29,7 @@ PG_ADMIN_URL = os.environ.get("ABLATE_TEST_PG_URL", "postgresql+psycopg://postgr
 GOALS = {  # issue 16: what each measurement must stay under at 10,000 runs x 200 points (CPU-s, MiB)
     "plan smoke.yaml": "<= 0.5 CPU-s, <= 60 MiB", "plan (all trials)": "<= 3 CPU-s at 10k runs", "register (all trials)": "<= 3 s at 10k runs",
     "sweep status (table)": "<= 1 CPU-s", "report": "<= 30 CPU-s", "runner imports": "no torch",
+    "report --at tokens=500k": "<= 30 CPU-s", "report --group layers,d_model": "<= 30 CPU-s",
     **{name: "< 2 s at 100k runs" for name in ("sql: runs by final eval loss", "sql: run_results of the sweep",
                                               "sql: best_runs", "sql: eval_curve at 0.5")},
 }
@@ -87,7 +88,10 @@ def spec_for(runs: int, work: Path) -> Path:
         "tokenizer": {"vocab_size": 384}, "budget": {"steps": 1000, "hardware": "cpu"}, "eval": {"at": [0.25, 0.5, 0.75]},
         "defaults": {"architecture": "mixer", "context": 64, "batch_size": 8, "precision": "fp32"},
         "grid": [{"d_model": [32, 48, 64, 96, 128], "layers": [1, 2, 3, 4], "lr": lrs, "seed": list(range(seeds))}],
-        "report": {"tables": [{"group_by": ["layers"], "columns": "d_model"}]},
+        "report": {"tables": [{"group_by": ["layers"], "columns": "d_model"}],
+                   # issue 30: a claim per width, tested across seeds and learning rates, Holm over all of them
+                   "orderings": [{"claim": "deeper is better", "better": {"layers": 4}, "worse": {"layers": 1},
+                                  "at": ["d_model"]}]},
     }
     path = work / "bench-db.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -98,20 +102,29 @@ def fill(url: str, ids: list[int], points: int) -> float:
     """Write each run's curve and outcome as its trainer would; returns seconds."""
     from ablate import store
 
+    import sqlalchemy as sa
+
     engine = store.connect(url)
     rng = random.Random(0)
     evals = max(1, points // 10)
+    steps = 10 * (points - evals)
+    with engine.connect() as conn:  # sizes: the scaling fits see 20 of them (5 widths x 4 depths)
+        shape = dict(conn.execute(sa.select(store.Run.id, store.Run.d_model * store.Run.d_model * store.Run.layers)
+                                  ).all())  # the bench's database holds this sweep alone
     t0 = time.perf_counter()
     for n, run_id in enumerate(ids):
-        base = 2.0 + rng.random()
+        params = 12 * shape.get(run_id, 10_000) + 50_000
+        base = 1.8 + 40 * params ** -0.3 + 0.05 * rng.random()  # a known law, with seed noise
         rows = [{"step": 10 * (i + 1), "split": "train", "elapsed_seconds": float(i), "tokens": 5120 * (i + 1),
                  "loss": base + 4.0 / (i + 1), "lr": 1e-3} for i in range(points - evals)]
-        rows += [{"step": 10 * (points - evals) * (j + 1) // evals, "split": "eval", "elapsed_seconds": float(j),
-                  "tokens": 0, "loss": base + 0.1 + 4.0 / (j + 2), "lr": None, "eval_point": round((j + 1) / evals, 4)}
+        rows += [{"step": steps * (j + 1) // evals, "split": "eval", "elapsed_seconds": float(j),
+                  "tokens": 512 * steps * (j + 1) // evals, "loss": base + 0.1 + 4.0 / (j + 2), "lr": None,
+                  "eval_point": round((j + 1) / evals, 4)}
                  for j in range(evals)]  # eval points at even fractions of the budget, the last one final (1.0)
         store.write_metrics(engine, run_id, rows)
-        store.update_run(engine, run_id, status="completed", steps=10 * (points - evals), final_train_loss=base,
-                      final_eval_loss=base + 0.1, train_seconds=60.0, finished_at=store.utcnow(), params=10_000)
+        store.update_run(engine, run_id, status="completed", steps=steps, final_train_loss=base,
+                         final_eval_loss=base + 0.1, train_seconds=60.0, finished_at=store.utcnow(), params=params,
+                         tokens=512 * steps, flops_per_token=6.0 * params)
         if n % 1000 == 999:
             print(f"  filled {n + 1:,}/{len(ids):,} runs", flush=True)
     return time.perf_counter() - t0
@@ -163,6 +176,11 @@ def measure_commands(url: str, work: Path) -> dict[str, dict]:
     for name, query in README_QUERIES.items():
         out[name] = measure("cli", "sql", query, "--db", url, "--format", "csv", "--max-rows", "0", cwd=work)
     out["report"] = measure("cli", "report", "bench-db", "--db", url, "--out", str(work / "report"), cwd=work)
+    # issue 30: every run re-read on its curve at an equal budget, and grouped by two axes (the rest averaged)
+    out["report --at tokens=500k"] = measure("cli", "report", "bench-db", "--db", url, "--out", str(work / "at"),
+                                             "--at", "tokens=500k", cwd=work)
+    out["report --group layers,d_model"] = measure("cli", "report", "bench-db", "--db", url, "--out",
+                                                   str(work / "group"), "--group", "layers,d_model", cwd=work)
     return out
 
 

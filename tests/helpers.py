@@ -55,3 +55,21 @@ def at_once(fn, n: int) -> tuple[list, list[Exception]]:
     for t in threads:
         t.join()
     return results, errors
+
+
+_ONE_SEED: list[Path] = []
+
+
+def one_seed_smoke() -> Path:
+    """sweeps/smoke.yaml with one seed per cell (4 trials, the same name and budget): the DB, CLI and runner tests
+    count and list its runs; the smoke sweep's 3 seeds are the report's business. Written once per session."""
+    if not _ONE_SEED:
+        import tempfile
+
+        data = yaml.safe_load((REPO / "sweeps" / "smoke.yaml").read_text())
+        for block in data["grid"]:
+            block.pop("seeds", None)
+        path = Path(tempfile.mkdtemp(prefix="ablate-smoke-")) / "smoke.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        _ONE_SEED.append(path)
+    return _ONE_SEED[0]

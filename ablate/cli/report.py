@@ -19,21 +19,31 @@ from ablate.cli.common import ARTIFACTS_HELP, about, console, db_option, greedy
 @click.option("--compare", multiple=True, metavar="SWEEP ...",
               help="other sweeps to put beside this one in a single table")
 @click.option("--artifacts", default=None, help=ARTIFACTS_HELP)
+@click.option("--at", "at", default=None, metavar="KIND=AMOUNT",
+              help="read every run at an equal budget on its own curve: flops=1e15, tokens=50M, seconds=10m, steps=500")
+@click.option("--group", default=None, metavar="AXIS,...",
+              help="one table and figure by these axes (e.g. architecture,d_model), every other axis averaged")
 @db_option()
 def report(sweep: str, out: str | None, formats: str, compare: tuple[str, ...], artifacts: str | None,
-           db: str | None) -> int:
+           at: str | None, group: str | None, db: str | None) -> int:
+    from ablate.config.errors import AblateError
     from ablate.report import build_comparison, build_report
 
     kinds = tuple(f.strip() for f in formats.split(","))
     folder = Path(out) if out else None
+    axes = tuple(a.strip() for a in group.split(",") if a.strip()) if group is not None else None
+    if group is not None and not axes:
+        raise AblateError("--group: name at least one axis, e.g. --group architecture,d_model")
     if compare:
+        if at or axes:
+            raise AblateError("--at and --group read one sweep; --compare puts sweeps side by side as they ended")
         built = build_comparison([sweep, *compare], db, folder, formats=kinds, artifacts=artifacts)
     else:
-        built = build_report(sweep, db, folder, formats=kinds, artifacts=artifacts)
+        built = build_report(sweep, db, folder, formats=kinds, artifacts=artifacts, at=at, group=axes)
     for table in built.tables:
         console.print(escape(table.markdown()))
         console.print()
-    for line in built.orderings:
+    for line in built.orderings + ([built.floor] if built.floor else []) + built.scaling:
         console.print(escape(line))
         console.print()
     console.print(f"report written to {built.out}/ (" + ", ".join(p.name for p in built.files) + ")")

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from ablate.config.data import DatasetRef, PairsRef, TokenizerRef
 from ablate.config.errors import did_you_mean, one_of
 from ablate.config.trial import GRID_FIELDS, TrialConfig, fingerprint
-from ablate.config.units import Budget, EvalPlan, Frozen, Real, Whole
+from ablate.config.units import Budget, EvalPlan, Frozen, Real, Whole, parse_at
 
 # ---------------------------------------------------------------- sweep
 
@@ -75,12 +75,28 @@ class Ordering(Frozen):
     at: tuple[str, ...] = ()
 
 
+READING_ONLY = ("min_steps", "at", "group")  # report fields that change how runs are read, never which runs exist
+
+
 class ReportBlock(Frozen):
     tables: tuple[TableSpec, ...] = (TableSpec(),)
     curves: tuple[Literal["hours", "tokens", "steps"], ...] = ("hours", "tokens")
     kind: Literal["loss", "memory"] = "loss"
     prompt: str | None = None
     orderings: tuple[Ordering, ...] = ()
+    # how the runs are read, not what they are (not in the sweep's fingerprint: READING_ONLY)
+    # a run with fewer optimizer steps is too short to compare (near the uniform guess): flagged, no verdict
+    min_steps: int = Field(default=50, ge=0)
+    # read every run at an equal budget of another kind, on its curve: {flops: 1e15}, {tokens: 50M}, {seconds: 600}
+    at: dict[Literal["flops", "tokens", "seconds", "steps"], Real | str] | None = None
+    # one table (and figure) whose columns are these axes' combinations, every other axis averaged
+    group: tuple[str, ...] | None = Field(default=None, min_length=1)
+
+    @field_validator("at")
+    @classmethod
+    def _one_budget(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        parse_at(value)  # exactly one kind, a positive amount: the message shows the form
+        return value
 
 
 class Reference(Frozen):
@@ -240,6 +256,8 @@ class SweepSpec(Frozen):
                                "epochs": None}.items():
                 if key in stage and stage[key] == value:
                     del stage[key]
+        for key in READING_ONLY:  # how a report reads the runs is not the sweep's identity
+            data["report"].pop(key, None)
         if not data["report"]["orderings"]:  # as do sweeps that check no published ordering
             del data["report"]["orderings"]
         if data["recipe"] == "modern":  # and sweeps on the project's own recipe

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator,
@@ -242,3 +243,44 @@ class Horizon(Frozen):
         value = getattr(self, kind)
         return f"{value:g} {kind}" if isinstance(value, float) else f"{value} {kind}"
 
+
+
+# ---------------------------------------------------------------- equal budgets (report.at, ablate report --at)
+
+AT_KINDS = ("flops", "tokens", "seconds", "steps")
+
+
+@dataclass(frozen=True)
+class At:
+    """An equal budget to read every run at, on its own curve: `amount` of `kind` (flops, tokens, seconds, steps)."""
+
+    kind: str
+    amount: float
+
+    def text(self) -> str:
+        if self.kind in ("tokens", "steps"):
+            amount = next((f"{self.amount / scale:g}{suffix}" for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k"))
+                           if self.amount >= scale), f"{self.amount:g}")
+        else:
+            amount = f"{self.amount:.3g}" if self.kind == "flops" else f"{self.amount:g} s"
+        return f"{self.kind} = {amount}"
+
+
+def parse_at(value: str | dict[str, Any] | At | None) -> At | None:
+    """'tokens=50M', 'flops=1e15', 'seconds=10m' (or {flops: 1e15} from a report block) as an At; a ValueError
+    that shows the form otherwise."""
+    if value is None or isinstance(value, At):
+        return value
+    if isinstance(value, dict):
+        if len(value) != 1:
+            raise ValueError(f"give exactly one of {', '.join(AT_KINDS)}, e.g. {{flops: 1e15}} (got {dict(value)})")
+        ((kind, amount),) = value.items()
+    else:
+        kind, sep, amount = str(value).partition("=")
+        if not sep:
+            raise ValueError(f"{value!r}: write KIND=AMOUNT, e.g. tokens=50M, flops=1e15 or seconds=10m")
+    kind = str(kind).strip()
+    if kind not in AT_KINDS:
+        raise ValueError(f"{kind!r}: the kind must be one of {', '.join(AT_KINDS)}, e.g. tokens=50M")
+    number = parse_duration(amount) if kind == "seconds" else parse_count(amount)
+    return At(kind, number)

@@ -1,26 +1,24 @@
 """Loss curves: which lines a table's figure draws (one per run, or the best configurations' seed means past
-MAX_CURVES runs), the runs' metric points read in chunks, every point written to a CSV, and the figure drawn."""
+MAX_CURVES runs), every point written to a CSV (points read by ablate/results/points.py), and the figure drawn."""
 
 from __future__ import annotations
 
 import io
 import math
 import statistics
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from ablate import store
 from ablate.report.tables import Table, _completed
 from ablate.report.views import RunView, _label, _varying
+from ablate.results.points import metric_points, run_points
 
 
 MAX_CURVES = 10  # lines per panel (matplotlib's colour cycle: no two share a colour); a table with more runs
 # draws its best configurations' seed means instead
-IN_CHUNK = 900  # run ids per metrics query: under SQLite's smallest bound-parameter limit (999)
 
 
 @dataclass
@@ -43,13 +41,15 @@ class CurvePlan:
     caption: str = ""  # says what an aggregate figure leaves out; empty when every run is a line
 
 
-def plan_curves(table: Table, points_csv: str | None = None, cap: int = MAX_CURVES) -> CurvePlan:
+def plan_curves(table: Table, points_csv: str | None = None, cap: int = MAX_CURVES,
+                group: tuple[str, ...] | None = None) -> CurvePlan:
     """One line per run up to `cap` runs; past it, runs that differ only by seed are one configuration, and the
-    `cap` configurations with the lowest mean final test loss are drawn (`points_csv`: where every run is)."""
+    `cap` configurations with the lowest mean final test loss are drawn (`points_csv`: where every run is).
+    `group`: a line per combination of these axes (mean and band over the runs it averages), whatever the count."""
     runs = [r for col in table.runs for r in col]
-    keys = _varying(runs, set()) or ["architecture"]
+    keys = list(group) if group else _varying(runs, set()) or ["architecture"]
     configuration = {r.row.id: _label(r.axes, keys) for r in runs}
-    if len(runs) <= cap:
+    if len(runs) <= cap and not (group and len(set(configuration.values())) < len(runs)):
         curves = [Curve(f"run {r.row.id}: {configuration[r.row.id]}", [r], f"run-{r.row.id}") for r in runs]
         return CurvePlan(curves, configuration, runs)
     configs: dict[str, list[RunView]] = {}
@@ -58,24 +58,13 @@ def plan_curves(table: Table, points_csv: str | None = None, cap: int = MAX_CURV
     ranked = sorted(configs.items(), key=lambda c: statistics.fmean(_completed(c[1], "final_eval_loss") or [math.inf]))
     curves = [Curve(f"{label} ({len(members)} run{'s' * (len(members) > 1)})", members, f"config-{rank}")
               for rank, (label, members) in enumerate(ranked[:cap])]
-    caption = (f"showing {len(curves)} of {len(configs)} configurations ({len(runs)} runs), those with the lowest "
-               "mean final test loss; line: mean over seeds, band: min–max")
+    caption = (f"showing {len(curves)} of {len(configs)} {'groups' if group else 'configurations'} ({len(runs)} "
+               "runs), those with the lowest mean final test loss; line: mean over seeds, band: min–max")
+    if group and len(configs) <= cap:
+        caption = f"one line per {', '.join(keys)} ({len(runs)} runs); line: mean over its runs, band: min–max"
     if points_csv:
         caption += f"; every run's points in {points_csv}"
     return CurvePlan(curves, configuration, runs, is_aggregate=True, caption=caption)
-
-
-def metric_points(engine: sa.Engine, run_ids: list[int]) -> Iterator[Any]:
-    """The runs' metric points as rows (run_id, split, step, elapsed_seconds, tokens, loss), ordered as the unique
-    index uq_metrics_run_split_step is: one query per IN_CHUNK runs, not one per run."""
-    columns = (store.Metric.run_id, store.Metric.split, store.Metric.step, store.Metric.elapsed_seconds, store.Metric.tokens,
-               store.Metric.loss)
-    ids = sorted(run_ids)
-    with engine.connect() as conn:
-        for start in range(0, len(ids), IN_CHUNK):
-            # all() fetches a chunk at once: iterating the result fetches row by row (~5 µs each through psycopg)
-            yield from conn.execute(sa.select(*columns).where(store.Metric.run_id.in_(ids[start:start + IN_CHUNK]))
-                                    .order_by(store.Metric.run_id, store.Metric.split, store.Metric.step)).all()
 
 
 POINT_COLUMNS = ("run_id", "configuration", "seed", "split", "step", "elapsed_seconds", "tokens", "loss")
@@ -129,16 +118,6 @@ def _write_points_as_text(engine: sa.Engine, run: dict[int, tuple[str, Any]], f:
 
 
 X_COLUMN = {"hours": 0, "tokens": 1, "steps": 2}  # of a run's points array: elapsed_seconds, tokens, step, loss
-
-
-def run_points(engine: sa.Engine, run_ids: list[int]) -> dict[tuple[int, str], Any]:
-    """Each run's points of each split, in step order, as an array of rows (elapsed_seconds, tokens, step, loss)."""
-    import numpy as np
-
-    grouped: dict[tuple[int, str], list[tuple[Any, ...]]] = {}
-    for p in metric_points(engine, run_ids):  # (run_id, split, step, elapsed_seconds, tokens, loss)
-        grouped.setdefault((p[0], p[1]), []).append((p[3], p[4], p[2], p[5]))
-    return {key: np.array(rows, dtype=float) for key, rows in grouped.items()}
 
 
 def _seed_band(series: list[Any]) -> tuple[Any, Any, Any, Any]:

@@ -3,11 +3,13 @@ whether each ordering the study published holds in our numbers."""
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
-from ablate.config import SweepSpec, describe_recipe
-from ablate.report.views import RunView, _matches, _sort_key
+from ablate.config import Ordering, SweepSpec, describe_recipe
+from ablate.config.units import parse_at
+from ablate.results import stats
+from ablate.results.orderings import ClaimCell, Claims, check_claims
+from ablate.results.views import RunView
 
 
 def run_notes(views: list[RunView]) -> list[str]:
@@ -49,35 +51,66 @@ def code_lines(views: list[RunView]) -> list[str]:
     return [f"Plugin code of {name}: {', '.join(sorted(codes))}" for name, codes in found.items()]
 
 
-def check_orderings(spec: SweepSpec, views: list[RunView]) -> list[str]:
-    """For each published ordering in the spec: does our table agree, at each value of its `at` axes?"""
+def check_orderings(spec: SweepSpec, views: list[RunView], claims: Claims | None = None) -> list[str]:
+    """For each published ordering in the spec: at each value of its `at` axes, both sides' test loss (mean, 95%
+    interval, n), the effect with its interval, the one-sided p-value (Holm-adjusted with several comparisons)
+    and the verdict; then the verdicts counted."""
+    claims = claims or check_claims(spec, views)
+    at = parse_at(spec.report.at)
+    measured = f" at {at.text()}" if at else ""
     lines = []
+    method = "Welch's t-test across seeds, one-sided in the claim's direction"
+    if claims.tests > 1:
+        method += f"; p Holm-adjusted over the report's {claims.tests} comparisons"
     for order in spec.report.orderings:
-        cells: dict[tuple, dict[str, list[float]]] = {}
-        for v in views:
-            if v.row.status != "completed" or v.row.final_eval_loss is None:
-                continue
-            for side in ("better", "worse"):
-                if _matches(v, getattr(order, side)):
-                    key = tuple(v.axes.get(k) for k in order.at)
-                    cells.setdefault(key, {"better": [], "worse": []})[side].append(v.row.final_eval_loss)
-        verdicts = []
-        for key in sorted(cells, key=lambda k: [_sort_key(x) for x in k]):
-            better, worse = cells[key]["better"], cells[key]["worse"]
-            if not better or not worse:
-                continue
-            b, w = statistics.fmean(better), statistics.fmean(worse)
-            where = ", ".join(f"{k}={x}" for k, x in zip(order.at, key)) or "overall"
-            verdicts.append((b < w, f"{where}: {_label_of(order.better)} {b:.2f} vs {_label_of(order.worse)} {w:.2f} "
-                                    f"({'agrees' if b < w else 'disagrees'})"))
-        if not verdicts:
+        cells = claims.of(order)
+        if not cells:
             lines.append(f"Study: {order.claim} Here: no completed pair of runs to compare yet.")
             continue
-        agree = sum(ok for ok, _ in verdicts)
-        overall = "agrees" if agree == len(verdicts) else "disagrees" if agree == 0 else "agrees in part"
-        lines.append(f"Study: {order.claim} Here, test loss: " + "; ".join(text for _, text in verdicts)
-                     + f". Our ordering {overall} with the study's ({agree} of {len(verdicts)}).")
+        counts: dict[str, int] = {}
+        for c in cells:
+            counts[c.verdict] = counts.get(c.verdict, 0) + 1
+        tally = ", ".join(f"{n} {verdict}" for verdict, n in counts.items())
+        lines.append(f"Study: {order.claim} Here, test loss{measured} ({method}): "
+                     + "; ".join(_cell_text(order, c, claims.min_steps) for c in cells)
+                     + f". Verdicts: {tally} (of {len(cells)}).")
     return lines
+
+
+def floor_line(claims: Claims) -> str | None:
+    """The noise floor the verdicts are read against: each architecture's seed-to-seed std of test loss."""
+    known = [(arch, std, n) for arch, (std, n) in claims.floor.items() if std is not None]
+    if not known:
+        return None
+    parts = ", ".join(f"{arch} {std:.3f} ({n} configuration{'s' * (n > 1)})" for arch, std, n in known)
+    return (f"Noise floor (seed-to-seed std of test loss, pooled over each architecture's configurations): {parts}. "
+            "An effect smaller than the floor of either side is flagged.")
+
+
+def _cell_text(order: Ordering, cell: ClaimCell, min_steps: int) -> str:
+    where = ", ".join(f"{k}={x}" for k, x in cell.where.items()) or "overall"
+    c = cell.comparison
+    if c is None:
+        return f"{where}: {cell.verdict} (every run of a side trained fewer than {min_steps} steps; no verdict)"
+    text = f"{where}: {_label_of(order.better)} {c.better.text()} vs {_label_of(order.worse)} {c.worse.text()}"
+    if c.tested:
+        text += f", effect {c.effect:+.3f} nats [{c.low:+.3f}, {c.high:+.3f}], {_p(cell.p_adjusted)}"
+        if cell.verdict == stats.REVERSED:
+            text += f" (against it: {_p(cell.p_against_adjusted)})"
+    else:
+        text += f", effect {c.effect:+.3f} nats"
+    text += f" → {cell.verdict}"
+    if not c.tested:
+        text += " (one seed on a side: no test)"
+    if cell.below_floor:
+        text += f" (below the noise floor {cell.floor:.3f})"
+    if cell.left_out:
+        text += f" ({cell.left_out} run(s) under {min_steps} steps left out)"
+    return text
+
+
+def _p(p: float) -> str:
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
 
 
 def _label_of(match: dict[str, Any]) -> str:

@@ -19,10 +19,15 @@ from ablate import store
 from ablate.config import SweepSpec, TableSpec
 from ablate.config.errors import AblateError
 from ablate.report.curves import draw_curves, plan_curves, write_curve_points
-from ablate.report.notes import check_orderings, recipe_lines
+from ablate.report.notes import check_orderings, floor_line, recipe_lines
+from ablate.report.reading import at_note, read_views, with_reading, write_tables_csv
 from ablate.report.samples import prompt_completions
+from ablate.report.scaling import draw_laws, scaling_lines, write_scaling_csv
 from ablate.report.tables import Table, _one_table, layout_tables
-from ablate.report.views import RunView, _long_lived, load_views
+from ablate.report.views import _long_lived
+from ablate.results.laws import Laws, fit_laws
+from ablate.results.orderings import Claims, check_claims, claims_frame
+from ablate.results.views import RunView, load_views
 
 FORMATS = ("md", "html", "png", "svg", "csv")
 
@@ -37,6 +42,9 @@ class Report:
     out: Path
     files: list[Path]
     orderings: list[str] = field(default_factory=list)
+    scaling: list[str] = field(default_factory=list)
+    claims: Claims | None = None  # the orderings' comparisons, verdicts and noise floor (claims.csv)
+    floor: str | None = None  # the noise floor line, where orderings were checked
 
 
 @dataclass
@@ -48,6 +56,7 @@ class Figures:
     points: list[Path] = field(default_factory=list)  # curves-*.csv
     captions: list[str] = field(default_factory=list)
     embedded: list[str] = field(default_factory=list)
+    scaling: str | None = None  # the scaling figure's base64 PNG, when one was drawn
 
 
 @dataclass
@@ -60,6 +69,9 @@ class Page:
     summary: str
     recipe: list[str]  # the recipes the runs trained with, and the spec's overrides
     orderings: list[str]  # the study's published orderings, checked
+    claims: Claims
+    floor: str | None  # the noise floor the orderings are read against
+    scaling: list[str]  # each architecture's fitted laws and the crossovers, in words
     samples: list[tuple[int, str, str]]  # (run id, label, completion of the prompt)
     of_runs: str  # which runs the completions are, when not every run with a checkpoint
     figures: Figures
@@ -67,15 +79,19 @@ class Page:
 
 def build_report(sweep: str, url: str | None = None, out: Path | None = None,
                  formats: tuple[str, ...] = FORMATS, skip: tuple[str, ...] = (),
-                 artifacts: str | Path | None = None) -> Report:
+                 artifacts: str | Path | None = None, at: str | None = None,
+                 group: tuple[str, ...] | None = None) -> Report:
     """The report of one sweep, laid out as its spec's `report` block says (`artifacts`: where the runs'
-    checkpoints are, for the prompt completions). Reads the database, never writes it."""
+    checkpoints are, for the prompt completions; `at`, `group`: over the block's, see reading.py). Reads the
+    database, never writes it."""
     engine = store.reader(url)
     with _long_lived() as loaded:
         spec, views = load_views(engine, sweep)
         loaded()
-        return _render(engine, spec, views, layout_tables(spec, views), [sweep], url,
-                       out or Path("results/reports") / sweep, formats, skip, artifacts)
+        spec = with_reading(spec, views, at, group)
+        read = read_views(engine, spec, views)
+        return _render(engine, spec, read, layout_tables(spec, read), [sweep], url,
+                       out or Path("results/reports") / sweep, formats, skip, artifacts, stored=views)
 
 
 def build_comparison(sweeps: list[str], url: str | None = None, out: Path | None = None,
@@ -105,20 +121,33 @@ def build_comparison(sweeps: list[str], url: str | None = None, out: Path | None
 
 def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: list[Table], sweeps: list[str],
             url: str | None, out: Path, formats: tuple[str, ...], skip: tuple[str, ...],
-            artifacts: str | Path | None = None) -> Report:
-    """Draw the figures, then write each file `formats` asks for."""
+            artifacts: str | Path | None = None, stored: list[RunView] | None = None) -> Report:
+    """Draw the figures, then write each file `formats` asks for (`views`: the runs as the tables read them;
+    `stored`: as the DB holds them, for runs.csv and the samples)."""
+    stored = views if stored is None else stored
     out.mkdir(parents=True, exist_ok=True)
     figures = _draw_figures(engine, spec, tables, out, formats)
-    page = _page(spec, views, tables, out, figures, url, skip, artifacts)
+    laws = fit_laws(views, spec.report.min_steps) if spec.report.kind == "loss" else Laws()
+    if laws.laws and {"png", "svg", "html"} & set(formats):
+        embedded: list[str] = []
+        figures.files += _save_figure(draw_laws(laws, spec.name), out / "scaling", formats, embedded)
+        figures.scaling = embedded[0]
+    page = _page(spec, views, tables, out, figures, url, skip, artifacts, stored, scaling_lines(laws))
     files = figures.files + figures.points
     if "md" in formats:
         files.append(_write(out / "report.md", render_markdown(page)))
     if "html" in formats:
         files.append(_write(out / "report.html", render_html(page)))
     if "csv" in formats:
-        files.append(_write_runs_csv(views, sweeps, out / "runs.csv"))
+        files.append(_write_runs_csv(stored, sweeps, out / "runs.csv"))
+        files.append(write_tables_csv(tables, out / "tables.csv"))
+        if page.claims.cells:
+            claims_frame(page.claims).to_csv(out / "claims.csv", index=False, lineterminator="\n")
+            files.append(out / "claims.csv")
+        if laws.laws:
+            files.append(write_scaling_csv(laws, out / "scaling.csv"))
     return Report(sweep=spec.name, tables=tables, figures=figures.files, out=out, files=files,
-                  orderings=page.orderings)
+                  orderings=page.orderings, claims=page.claims, floor=page.floor, scaling=page.scaling)
 
 
 def _draw_figures(engine: sa.Engine, spec: SweepSpec, tables: list[Table], out: Path,
@@ -129,7 +158,7 @@ def _draw_figures(engine: sa.Engine, spec: SweepSpec, tables: list[Table], out: 
         return figures
     for t in tables:
         stem = _figure_stem(out, t)
-        plan = plan_curves(t, stem.with_suffix(".csv").name if "csv" in formats else None)
+        plan = plan_curves(t, stem.with_suffix(".csv").name if "csv" in formats else None, group=spec.report.group)
         if "csv" in formats:
             write_curve_points(engine, plan, stem.with_suffix(".csv"))
             figures.points.append(stem.with_suffix(".csv"))
@@ -141,15 +170,19 @@ def _draw_figures(engine: sa.Engine, spec: SweepSpec, tables: list[Table], out: 
 
 
 def _page(spec: SweepSpec, views: list[RunView], tables: list[Table], out: Path, figures: Figures, url: str | None,
-          skip: tuple[str, ...], artifacts: str | Path | None) -> Page:
+          skip: tuple[str, ...], artifacts: str | Path | None, stored: list[RunView], scaling: list[str]) -> Page:
     recipe = recipe_lines(views) + [f"Override: {note}" for note in spec.overrides]  # incl. hardware not the study's
-    orderings = check_orderings(spec, views)
-    samples, sampleable = (prompt_completions(views, spec.report.prompt, url, artifacts) if spec.report.prompt
+    recipe += [line for line in [at_note(spec)] if line]
+    claims = check_claims(spec, views)
+    orderings = check_orderings(spec, views, claims)
+    samples, sampleable = (prompt_completions(stored, spec.report.prompt, url, artifacts) if spec.report.prompt
                            and "samples" not in skip else ([], 0))
     of_runs = (f" ({len(samples)} of {sampleable} runs with a checkpoint: the lowest test losses)"
                if len(samples) < sampleable else "")
     return Page(spec=spec, tables=tables, out=out, summary=_summary(views), recipe=recipe, orderings=orderings,
-                samples=samples, of_runs=of_runs, figures=figures)
+                claims=claims, floor=floor_line(claims) if claims.cells else None, scaling=scaling, samples=samples,
+                of_runs=of_runs,
+                figures=figures)
 
 
 def render_markdown(page: Page) -> str:
@@ -158,6 +191,7 @@ def render_markdown(page: Page) -> str:
     md = [f"# {spec.name}", "", spec.description, "", page.summary, ""]
     md += [f"{line}  " for line in page.recipe] + ([""] if page.recipe else [])
     md += [f"**Against the study.** {line}\n" for line in page.orderings]
+    md += [f"_{page.floor}_", ""] if page.floor else []
     drawn = set(page.figures.files)
     for i, t in enumerate(page.tables):
         md += [t.markdown(), ""]
@@ -166,6 +200,10 @@ def render_markdown(page: Page) -> str:
             md += [f"![{t.title}]({png.name})", ""]
             caption = page.figures.captions[i]
             md += [f"_Figure: {caption}._", ""] if caption else []
+    if page.scaling:
+        md += ["**Scaling.** Test loss fitted per architecture as L = E + A·x^-α:", ""]
+        md += [f"- {line}" for line in page.scaling] + [""]
+        md += ["![scaling](scaling.png)", ""] if page.out / "scaling.png" in drawn else []
     if page.samples:
         md += [f"**Completions of the prompt** _{spec.report.prompt}_{page.of_runs}", ""]
         md += [f"- run {rid} ({label}): {text}" for rid, label, text in page.samples]
@@ -179,8 +217,8 @@ def render_html(page: Page) -> str:
               "caption": figures.captions[i] if i < len(figures.embedded) else ""} for i, t in enumerate(page.tables)]
     return _templates().get_template("report.html.j2").render(
         name=page.spec.name, description=page.spec.description, summary=page.summary, recipe=page.recipe,
-        orderings=page.orderings, tables=shown, prompt=page.spec.report.prompt, of_runs=page.of_runs,
-        samples=page.samples)
+        orderings=page.orderings, floor=page.floor, tables=shown, prompt=page.spec.report.prompt, of_runs=page.of_runs,
+        samples=page.samples, scaling=page.scaling, scaling_png=figures.scaling)
 
 
 @functools.cache

@@ -8,8 +8,13 @@ import statistics
 from dataclasses import dataclass, field
 
 from ablate.config import SweepSpec, TableSpec
+from ablate.config.units import parse_at
 from ablate.report.notes import run_notes
-from ablate.report.views import RunView, _label, _matches, _sort_key, _varying
+from ablate.results.equal import BEFORE_FIRST, NOT_REACHED
+from ablate.results.orderings import comparable, noise_floor
+from ablate.results.stats import mean_ci
+from ablate.report.views import _label, _varying
+from ablate.results.views import RunView, _matches, _sort_key
 
 
 @dataclass
@@ -32,6 +37,18 @@ class Table:
 
 
 def layout_tables(spec: SweepSpec, views: list[RunView]) -> list[Table]:
+    at = parse_at(spec.report.at)
+    if spec.report.group:  # one table: the group axes' combinations, every other axis averaged
+        tables = [_one_table(spec, TableSpec(title=spec.name, group_by=(), columns=spec.report.group[0]), views,
+                             extra=list(spec.report.group[1:]))] if views else []
+    else:
+        tables = _spec_tables(spec, views)
+    for t in tables if at else ():
+        t.title += f" at {at.text()}"
+    return tables
+
+
+def _spec_tables(spec: SweepSpec, views: list[RunView]) -> list[Table]:
     tables = []
     for tspec in spec.report.tables:
         chosen = [v for v in views if _matches(v, tspec.where)]
@@ -43,9 +60,11 @@ def layout_tables(spec: SweepSpec, views: list[RunView]) -> list[Table]:
     return tables
 
 
-def _one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView]) -> Table:
+def _one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView], extra: list[str] | None = None) -> Table:
+    """A table whose columns are `tspec.columns` × `extra` (default: every other axis that varies)."""
     col_axis = tspec.columns
-    extra = _varying(members, set(tspec.group_by) | {col_axis})
+    averaged = [] if extra is None else _varying(members, {col_axis, *extra})
+    extra = _varying(members, set(tspec.group_by) | {col_axis}) if extra is None else extra
     columns: dict[tuple, list[RunView]] = {}
     for v in sorted(members, key=lambda v: (_sort_key(v.axes.get(col_axis)), [repr(v.axes.get(k)) for k in extra])):
         columns.setdefault((repr(v.axes.get(col_axis)), *[repr(v.axes.get(k)) for k in extra]), []).append(v)
@@ -63,12 +82,22 @@ def _one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView]) -> Tab
         rows = [("Peak memory (MB)", [_memory_cell(runs) for runs in columns.values()]),
                 ("Published (MB)", [_ref_memory(runs) for runs in columns.values()])]
         return Table(title=title, columns=labels, rows=rows, runs=list(columns.values()))
-    rows = [("Train", [_loss_cell(runs, "final_train_loss") for runs in columns.values()]),
-            ("Test", [_loss_cell(runs, "final_eval_loss") for runs in columns.values()]),
-            ("Epochs", [_epochs_cell(runs) for runs in columns.values()])]
-    if any(getattr(r.row, "final_eval_accuracy", None) is not None for runs in columns.values() for r in runs):
-        rows.append(("Test accuracy", [_loss_cell(runs, "final_eval_accuracy") for runs in columns.values()]))
-    notes = []
+    cols = list(columns.values())
+    mixed = len({len(_completed(runs, "final_eval_loss")) for runs in cols} - {0}) > 1  # some cells one seed
+    short = [any(not comparable(r, spec.report.min_steps) for r in runs if r.row.status == "completed")
+             for runs in cols]
+    rows = [("Train", [_loss_cell(runs, "final_train_loss", mixed) for runs in cols]),
+            ("Test", [_loss_cell(runs, "final_eval_loss", mixed) + " †" * flag for runs, flag in zip(cols, short)]),
+            ("Steps", [_range_cell([r.row.steps for r in runs], "{:.0f}") for runs in cols]),
+            ("Epochs", [_epochs_cell(runs) for runs in cols])]
+    if spec.budget.kind != "wall_clock":  # the budget is work: say how long each cell took to do it
+        rows.append(("Train time (s)", [_range_cell([r.row.train_seconds for r in runs], "{:.0f}") for runs in cols]))
+    if any(getattr(r.row, "final_eval_accuracy", None) is not None for runs in cols for r in runs):
+        rows.append(("Test accuracy", [_loss_cell(runs, "final_eval_accuracy", mixed) for runs in cols]))
+    notes = _uncertainty_notes(cols, spec.report.min_steps, short)
+    if averaged:
+        notes.append(f"Grouped by {', '.join([col_axis, *extra])}: each cell averages its runs over seeds and "
+                     f"{', '.join(averaged)} (n counts runs).")
     repeated = [label for label, runs in zip(labels, columns.values()) if _max_epochs(runs) > 1]
     if repeated:
         most = max(_max_epochs(runs) for runs in columns.values())
@@ -78,14 +107,12 @@ def _one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView]) -> Tab
         rows.append(("Train (published)", [_ref_cell(runs, "train") for runs in columns.values()]))
         rows.append(("Test (published)", [_ref_cell(runs, "eval") for runs in columns.values()]))
         rows.append(("Test − published", [_diff_cell(runs) for runs in columns.values()]))
-    seeds = [len(runs) for runs in columns.values()]
-    if max(seeds, default=1) > 1:
-        spreads = [_mean_std([r.row.final_eval_loss for r in runs if r.row.final_eval_loss is not None])[1]
-                   for runs in columns.values() if sum(r.row.final_eval_loss is not None for r in runs) > 1]
-        spreads = [s for s in spreads if s is not None]
-        if spreads:
-            notes.append(f"Noise floor: seed std of test loss up to {max(spreads):.3f}; "
-                         "differences smaller than that are not wins.")
+    # the spread of this table's cells, short runs included (the orderings' floor leaves those out)
+    floor = [(arch, std) for arch, (std, _) in noise_floor([r for runs in cols for r in runs]).items()
+             if std is not None]
+    if floor:
+        notes.append("Noise floor (seed std of test loss, pooled): " + ", ".join(f"{a} {s:.3f}" for a, s in floor)
+                     + "; differences smaller than that are not wins.")
     notes += run_notes([v for runs in columns.values() for v in runs])
     notes.append("Losses are token-weighted cross-entropy in nats (the studies averaged per-batch means).")
     return Table(title=title, columns=labels, rows=rows, runs=list(columns.values()), notes=notes)
@@ -98,14 +125,11 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
-def _mean_std(values: list[float]) -> tuple[float, float | None]:
-    return (statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None)
-
-
 def _status_of(runs: list[RunView]) -> str | None:
     """A status word for a cell whose runs have no final loss yet (or ended without one)."""
     statuses = {r.row.status for r in runs}
-    for s in ("oom", "diverged", "pruned", "running", "failed", "preempted", "pending", "cancelled"):
+    for s in ("oom", "diverged", "pruned", "running", "failed", "preempted", "pending", "cancelled", NOT_REACHED,
+              BEFORE_FIRST):
         if s in statuses and all(r.row.status != "completed" for r in runs):
             return s
     return None
@@ -116,12 +140,35 @@ def _completed(runs: list[RunView], column: str) -> list[float]:
     return [getattr(r.row, column) for r in runs if r.row.status == "completed" and getattr(r.row, column) is not None]
 
 
-def _loss_cell(runs: list[RunView], column: str) -> str:
+def _loss_cell(runs: list[RunView], column: str, say_n: bool = False) -> str:
+    """mean ± the half-width of its 95% t-interval (n); one seed: the value, with (n=1) beside cells that have more."""
     values = _completed(runs, column)
     if not values:
         return _status_of(runs) or "-"
-    mean, std = _mean_std(values)
-    return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f}"
+    estimate = mean_ci(values)
+    return estimate.text() if estimate.n > 1 or say_n else f"{estimate.mean:.2f}"
+
+
+def _range_cell(values: list[float | None], fmt: str) -> str:
+    """One number, or min–max where the seeds differ."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return "-"
+    low, high = fmt.format(min(known)), fmt.format(max(known))
+    return low if low == high else f"{low}–{high}"
+
+
+def _uncertainty_notes(cols: list[list[RunView]], min_steps: int, short: list[bool]) -> list[str]:
+    notes = []
+    seeds = [len(_completed(runs, "final_eval_loss")) for runs in cols]
+    if max(seeds, default=0) > 1:
+        notes.append("Cells: mean ± half-width of the 95% Student-t confidence interval over seeds (n seeds).")
+    elif max(seeds, default=0) == 1:
+        notes.append("One seed per cell: no confidence intervals (`seeds: 3` in a grid block repeats its trials).")
+    if any(short):
+        notes.append(f"†: a run of this cell trained fewer than {min_steps} steps (report.min_steps): too few to "
+                     "compare; the orderings leave it out.")
+    return notes
 
 
 def _epochs_of(runs: list[RunView]) -> list[float]:

@@ -3,14 +3,20 @@
     sql.py       read_only_query: `ablate sql`, bounded in time, rows and bytes, through a read-only login
     sqlguard.py  the statement check in front of it: one SELECT over the readable tables, no functions that
                  read files or the server's state
-    frames.py    runs(), metrics(), runs_of(), to_csv(): DataFrames for notebooks and the report
+    frames.py    runs(), metrics(), claims(), runs_of(), to_csv(): DataFrames for notebooks and the report
+    views.py     RunView, load_views: runs with their axes and published numbers, as the report reads them
+    stats.py     means with confidence intervals, Welch's test, Holm's adjustment, verdicts
+    orderings.py the study's orderings tested on the runs (check_claims), the noise floor
+    equal.py     runs read at an equal budget of another kind (flops, tokens, seconds, steps) on their curves
+    points.py    runs' metric points, read in chunks (rows, or one array per run and split)
+    scaling.py   L(x) = E + A·x^-α fitted with bootstrap intervals, crossovers; laws.py: per architecture
 
 `from ablate import results; results.runs("smoke")` is the notebook's entry point.
 """
 
-from ablate.results.frames import metrics, runs, runs_of, to_csv
+from ablate.results.frames import claims, metrics, runs, runs_of, to_csv
 from ablate.results.sql import (DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_SECONDS, READABLE, READER_ROLE,
                                 read_only_query)
 
-__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_ROWS", "DEFAULT_TIMEOUT_SECONDS", "READABLE", "READER_ROLE", "metrics",
+__all__ = ["claims", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_ROWS", "DEFAULT_TIMEOUT_SECONDS", "READABLE", "READER_ROLE", "metrics",
            "read_only_query", "runs", "runs_of", "to_csv"]

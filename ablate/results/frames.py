@@ -72,3 +72,17 @@ def metrics(run_ids: list[int] | None = None, sweep: str | None = None, url: str
         q = q.join(store.Run, store.Metric.run_id == store.Run.id).where(store.Run.sweep_id == _sweep_id(engine, sweep))
     with engine.connect() as conn:
         return pd.read_sql(q.order_by(store.Metric.run_id, store.Metric.split, store.Metric.step), conn)
+
+
+def claims(sweep: str, url: str | None = None, min_steps: int | None = None, at: str | dict | None = None):
+    """The sweep's published orderings tested on its runs (claims_frame): effect, interval, p, verdict per cell;
+    `at` (e.g. "flops=1e15"): each run read at that budget on its own curve, as `ablate report --at`."""
+    from ablate.config.units import parse_at
+    from ablate.results.equal import read_runs_at
+    from ablate.results.orderings import check_claims, claims_frame
+    from ablate.results.views import load_views
+
+    engine = store.reader(url)
+    spec, views = load_views(engine, sweep)
+    views = read_runs_at(engine, views, parse_at(at if at is not None else spec.report.at))
+    return claims_frame(check_claims(spec, views, min_steps=min_steps))

@@ -16,10 +16,12 @@ import yaml
 
 from ablate import store
 from ablate.cli import main
+from tests.helpers import one_seed_smoke
 from tests.waiting import patience
 
 REPO = Path(__file__).resolve().parents[2]
-SMOKE = str(REPO / "sweeps" / "smoke.yaml")
+SMOKE = str(one_seed_smoke())  # the smoke sweep with one seed per cell: 4 trials
+REAL_SMOKE = str(REPO / "sweeps" / "smoke.yaml")
 
 
 def ablate(*argv: str) -> subprocess.CompletedProcess:
@@ -28,9 +30,9 @@ def ablate(*argv: str) -> subprocess.CompletedProcess:
 
 
 def test_plan_lists_trials_and_total_budget(capsys):
-    assert main(["plan", SMOKE]) == 0
+    assert main(["plan", REAL_SMOKE]) == 0
     out = capsys.readouterr().out
-    assert "4 trials" in out and "wall clock 15s on 1x cpu" in out and "total on 1x cpu: 1m00s" in out
+    assert "12 trials" in out and "steps 100 on 1x cpu" in out and "total on 1x cpu: 1.20k steps" in out
 
 
 def test_user_error_exits_2_with_a_message_and_no_traceback(tmp_path):
@@ -98,7 +100,7 @@ def test_documented_views_answer_the_common_questions(db_url, capsys):
         ids = conn.execute(sa.select(store.Run.id).order_by(store.Run.id)).scalars().all()
     for rid, loss in zip(ids, (3.0, 2.5, 2.8, 2.9)):
         store.update_run(engine, rid, status="completed", final_eval_loss=loss)
-        store.write_metrics(engine, rid, [dict(step=int(4 * s), split="eval", elapsed_seconds=s, tokens=int(40 * s), loss=loss + 1 - s / 15,
+        store.write_metrics(engine, rid, [dict(step=int(s * 100 / 15), split="eval", elapsed_seconds=s, tokens=int(40 * s), loss=loss + 1 - s / 15,
                                             lr=None) for s in (3.75, 7.5, 15)])
     capsys.readouterr()
     assert main(["sql", "SELECT architecture, d_model, final_eval_loss FROM best_runs ORDER BY architecture",
@@ -107,7 +109,7 @@ def test_documented_views_answer_the_common_questions(db_url, capsys):
         {"architecture": "llama", "d_model": 64, "final_eval_loss": 2.8},
         {"architecture": "mixer", "d_model": 128, "final_eval_loss": 2.5}]
     assert main(["sql", "SELECT run_id, loss FROM eval_curve WHERE budget_fraction = 0.5 ORDER BY run_id",
-                 "--db", db_url, "--format", "json"]) == 0  # smoke budget: 15 s, so 7.5 s is half
+                 "--db", db_url, "--format", "json"]) == 0  # smoke budget: 100 steps, so step 50 is half
     rows = json.loads(capsys.readouterr().out)
     assert [r["loss"] for r in rows] == [3.5, 3.0, 3.3, 3.4]
     assert main(["sql", "SELECT count(*) AS n FROM run_results WHERE sweep = 'smoke'", "--db", db_url,
@@ -242,7 +244,7 @@ def test_sweep_run_refuses_a_modified_copy_before_prefect_starts(sqlite_url, tmp
     _, _, ids = runner.register(SMOKE, sqlite_url)
     store.update_run(store.connect(sqlite_url), ids[0], status="completed", final_eval_loss=3.0)
     copy = yaml.safe_load(Path(SMOKE).read_text())
-    copy["budget"]["wall_clock"] = "60s"  # the same cells, another experiment
+    copy["budget"]["steps"] = 400  # the same cells, another experiment
     path = tmp_path / "smoke.yaml"
     path.write_text(yaml.safe_dump(copy))
     assert main(["sweep", "run", str(path), "--db", sqlite_url, "--artifacts", str(tmp_path / "art")]) == 2

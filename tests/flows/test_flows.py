@@ -34,6 +34,8 @@ def prefect_harness():
 def smoke_spec(tmp_path: Path, **budget) -> Path:
     data = yaml.safe_load((REPO / "sweeps" / "smoke.yaml").read_text())
     data["budget"] = {"steps": 12, "hardware": "cpu", **budget}
+    for block in data["grid"]:  # one seed per cell: 4 trials
+        block.pop("seeds", None)
     data["dataset"], data["tokenizer"] = {"source": "ablate:tinystories-sample", "eval": {"holdout": 24}, "packing": "pad"}, {"vocab_size": 512}  # the small sample: fast
     data["defaults"]["context"] = 64
     data["eval"] = {"at": [0.5]}

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 import yaml
 
 from ablate import runner, store
-from ablate.report import build_report, draw_curves, layout_tables, load_views
+from ablate.report import RunView, build_report, draw_curves, layout_tables, load_views
 from ablate.train import Settings, train
 from ablate.config import TrialConfig
 
@@ -58,14 +58,18 @@ def test_every_table_cell_equals_the_db(filled):
     assert mixer.columns == ["d=32", "d=64"]
     train_row = dict(mixer.rows)["Train"]
     d32 = [r for r in rows.values() if r.architecture == "mixer" and r.d_model == 32]
-    assert len(d32) == 2  # two seeds: mean ± std
+    assert len(d32) == 2  # two seeds: mean ± the half-width of the 95% t-interval (t(0.975, 1) = 12.706), n
+    import math
     import statistics
 
     values = [r.final_train_loss for r in d32]
-    assert train_row[0] == f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}"
+    half = 12.7062047 * statistics.stdev(values) / math.sqrt(2)
+    assert train_row[0] == f"{statistics.fmean(values):.2f} ± {half:.2f} (n=2)"
     d64 = next(r for r in rows.values() if r.architecture == "mixer" and r.d_model == 64)
-    assert train_row[1] == f"{d64.final_train_loss:.2f}"
-    assert dict(mixer.rows)["Test"][1] == f"{d64.final_eval_loss:.2f}"
+    assert train_row[1] == f"{d64.final_train_loss:.2f} (n=1)"  # beside a cell of two seeds, one says so
+    assert dict(mixer.rows)["Test"][1].startswith(f"{d64.final_eval_loss:.2f} (n=1)")
+    assert dict(mixer.rows)["Steps"] == ["12", "12"]
+    assert dict(mixer.rows)["Train time (s)"][1] == f"{d64.train_seconds:.0f}"
     assert dict(mixer.rows)["Test (published)"] == ["2.75", ""]
     mean_eval = statistics.fmean(r.final_eval_loss for r in d32)
     assert dict(mixer.rows)["Test − published"][0] == f"{mean_eval - 2.75:+.2f}"
@@ -75,7 +79,8 @@ def test_every_table_cell_equals_the_db(filled):
         if r.architecture == "llama":
             col = llama.columns.index(f"d={r.d_model}")
             assert dict(llama.rows)["Train"][col] == f"{r.final_train_loss:.2f}"
-            assert dict(llama.rows)["Test"][col] == f"{r.final_eval_loss:.2f}"
+            assert dict(llama.rows)["Test"][col] == f"{r.final_eval_loss:.2f} †"  # 12 steps: too few to compare
+    assert any("fewer than 50 steps" in n for n in llama.notes)
 
 
 def test_every_run_is_one_line_in_each_panel_of_the_curves(filled):
@@ -205,7 +210,7 @@ def test_compare_puts_two_sweeps_side_by_side(filled, tmp_path):
     (table,) = report.tables
     assert table.title == "smoke vs smoke-b"
     col = next(i for i, c in enumerate(table.columns) if c.startswith("sweep=smoke-b"))
-    assert dict(table.rows)["Test"][col] == "1.50"
+    assert dict(table.rows)["Test"][col] == "1.50 (n=1)"  # beside cells of two seeds
     assert len((tmp_path / "cmp" / "runs.csv").read_text().strip().splitlines()) == len(ids) + 2
 
 
@@ -234,23 +239,35 @@ def test_every_loss_table_shows_epochs_and_notes_repeated_data(filled):
 
 def test_the_report_says_whether_the_published_ordering_holds_computed_from_the_table(filled):
     from ablate.report import check_orderings
+    from ablate.results import stats
 
     url, ids, tmp = filled
     engine = store.connect(url)
     spec, views = load_views(engine, "smoke")
     assert spec.report.orderings  # the smoke sweep names the study's mixer-vs-Llama ordering
+    spec = spec.model_copy(update={"report": spec.report.model_copy(update={"min_steps": 10})})  # 12-step runs count
     (line,) = check_orderings(spec, views)
     for d in (32, 64):
         mixer = [v.row.final_eval_loss for v in views if v.axes["architecture"] == "mixer" and v.axes["d_model"] == d]
         llama = [v.row.final_eval_loss for v in views if v.axes["architecture"] == "llama" and v.axes["d_model"] == d]
-        m, l = sum(mixer) / len(mixer), sum(llama) / len(llama)
-        assert f"d_model={d}: mixer {m:.2f} vs llama {l:.2f} ({'agrees' if m < l else 'disagrees'})" in line
-    for v in views:  # force each verdict: the text follows the numbers, not a fixed sentence
+        m, l = stats.mean_ci(mixer), stats.mean_ci(llama)
+        assert f"d_model={d}: mixer {m.text()} vs llama {l.text()}, effect {l.mean - m.mean:+.3f} nats → untested" in line
+    assert "Verdicts: 2 untested (of 2)" in line  # one llama seed per width: no test, whatever the means say
+    (short,) = check_orderings(spec.model_copy(update={"report": spec.report.model_copy(update={"min_steps": 100})}),
+                               views)
+    assert "d_model=32: too few steps (every run of a side trained fewer than 100 steps; no verdict)" in short
+    for v in views:  # three seeds a side, forced: the verdict follows the numbers, not a fixed sentence
         v.row.final_eval_loss = 1.0 if v.axes["architecture"] == "mixer" else 2.0
-    assert "Our ordering agrees with the study's (2 of 2)" in check_orderings(spec, views)[0]
-    for v in views:
-        v.row.final_eval_loss = 3.0 if v.axes["architecture"] == "mixer" else 2.0
-    assert "Our ordering disagrees with the study's (0 of 2)" in check_orderings(spec, views)[0]
+    three = views + [RunView(row=type(v.row)(**{**{c.key: getattr(v.row, c.key) for c in sa.inspect(v.row).mapper.column_attrs},
+                                                 "id": 1000 + i, "final_eval_loss": v.row.final_eval_loss + 0.01 * i}),
+                             axes={**v.axes, "seed": 10 + i}, reference=None) for i, v in enumerate(views * 2)]
+    for v, noise in zip(three, [0.0, 0.02, -0.01, 0.015, -0.02, 0.01] * 10):
+        v.row.final_eval_loss += noise
+    assert "Verdicts: 2 holds (of 2)" in check_orderings(spec, three)[0]
+    assert "Holm-adjusted over the report's 2 comparisons" in check_orderings(spec, three)[0]
+    for v in three:
+        v.row.final_eval_loss = (3.0 if v.axes["architecture"] == "mixer" else 2.0) + 0.01 * (v.axes["seed"] % 3)
+    assert "Verdicts: 2 reversed (of 2)" in check_orderings(spec, three)[0]
 
 
 def test_runs_csv_keeps_integers_and_json_that_json_loads_reads(filled):
@@ -289,3 +306,67 @@ def test_completions_decode_whole_characters(tmp_path):
 
     text = complete(Emits(), tok, "Once upon a time", context=64, max_new=6)
     assert text == "TTT"  # T, 0xE2, T, 0xE2, T, 0xE2: the lone bytes are dropped
+
+
+def test_a_report_at_an_equal_budget_reads_each_run_on_its_own_curve(filled):
+    import csv
+
+    import numpy as np
+
+    url, ids, tmp = filled
+    engine = store.connect(url)
+    with engine.connect() as conn:
+        llama = conn.execute(sa.select(store.Run).where(store.Run.id.in_(ids), store.Run.architecture == "llama",
+                                                        store.Run.d_model == 32)).one()
+        pts = conn.execute(sa.select(store.Metric.tokens, store.Metric.loss).where(
+            store.Metric.run_id == llama.id, store.Metric.split == "eval").order_by(store.Metric.step)).all()
+    tokens = [p.tokens for p in pts]
+    budget = (tokens[0] + tokens[1]) // 2 + 1  # between its first two eval points
+    expected = float(np.interp(budget, tokens, [p.loss for p in pts]))
+    report = build_report("smoke", url, tmp / "at", formats=("md", "csv"), at=f"tokens={budget}")
+    table = next(t for t in report.tables if "llama" in t.title)
+    assert table.title.endswith(f"at tokens = {budget / 1000:g}k")
+    assert dict(table.rows)["Test"][table.columns.index("d=32")] == f"{expected:.2f} †"
+    with (tmp / "at" / "tables.csv").open() as f:
+        row = next(r for r in csv.DictReader(f) if r["table"] == table.title and r["column"] == "d=32"
+                   and r["split"] == "eval")
+    assert float(row["mean"]) == pytest.approx(expected, rel=1e-12) and row["n"] == "1"
+    assert f"Read at tokens = {budget / 1000:g}k" in (tmp / "at" / "report.md").read_text()
+    past = build_report("smoke", url, tmp / "past", formats=("md",), at=f"tokens={max(tokens) * 10}")
+    assert {c for t in past.tables for c in dict(t.rows)["Test"]} == {"not reached"}
+    assert "test loss at tokens" not in "".join(past.orderings)  # no pair reached it: nothing to compare
+
+
+def test_a_report_grouped_by_any_axes_averages_the_rest(filled):
+    import statistics
+
+    url, ids, tmp = filled
+    engine = store.connect(url)
+    with engine.connect() as conn:  # the smoke sweep's runs (another test adds a sweep to this DB)
+        rows = conn.execute(sa.select(store.Run).where(store.Run.id.in_(ids))).all()
+    report = build_report("smoke", url, tmp / "grouped", formats=("md", "csv", "png"), group=("architecture",))
+    (table,) = report.tables
+    assert table.columns == ["architecture=llama", "architecture=mixer"]
+    mixer = [r.final_eval_loss for r in rows if r.architecture == "mixer"]
+    assert dict(table.rows)["Test"][1].startswith(f"{statistics.fmean(mixer):.2f} ± ")
+    assert dict(table.rows)["Test"][1].split(" †")[0].endswith(f"(n={len(mixer)})")
+    assert any("each cell averages its runs over seeds and d_model" in n for n in table.notes)
+    from ablate.report import plan_curves
+
+    plan = plan_curves(table, group=("architecture",))
+    assert plan.is_aggregate and sorted(c.label.split(" (")[0] for c in plan.curves) == ["architecture=llama",
+                                                                                         "architecture=mixer"]
+    two = build_report("smoke", url, tmp / "grouped2", formats=("md",), group=("architecture", "d_model"))
+    assert two.tables[0].columns == ["architecture=llama (d=32)", "architecture=llama (d=64)",
+                                     "architecture=mixer (d=32)", "architecture=mixer (d=64)"]
+
+
+def test_report_flags_for_at_and_group_name_the_mistake(filled, capsys):
+    from ablate import cli
+
+    url, ids, tmp = filled
+    assert cli.main(["report", "smoke", "--db", url, "--out", str(tmp / "bad"), "--group", "archtecture"]) != 0
+    assert "did you mean 'architecture'" in capsys.readouterr().err
+    assert cli.main(["report", "smoke", "--db", url, "--out", str(tmp / "bad"), "--at", "tokens=lots"]) != 0
+    assert "--at tokens=lots" in capsys.readouterr().err
+    assert not (tmp / "bad").exists()  # nothing half-written

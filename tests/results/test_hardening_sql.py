@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from tests.helpers import one_seed_smoke
 from ablate import results, store
 from ablate.results import sqlguard
 from ablate.cli import main
@@ -21,7 +22,7 @@ from ablate.config import load_trials
 pytestmark = pytest.mark.hardening  # a campaign across the house: `pytest -m hardening`
 
 REPO = Path(__file__).resolve().parents[2]
-SMOKE = REPO / "sweeps" / "smoke.yaml"
+SMOKE = one_seed_smoke()  # the smoke sweep with one seed per cell: 4 trials
 
 
 @pytest.fixture

@@ -22,10 +22,10 @@ from ablate.config.errors import AblateError
 from tests.train.test_train import make_trial
 from tests.waiting import Deadline, patience
 
-from tests.helpers import cli_env, grid_spec
+from tests.helpers import cli_env, grid_spec, one_seed_smoke
 
 REPO = Path(__file__).resolve().parents[2]
-SMOKE = REPO / "sweeps" / "smoke.yaml"
+SMOKE = one_seed_smoke()  # the smoke sweep with one seed per cell: 4 trials
 
 pytestmark = pytest.mark.hardening
 

@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
+from tests.helpers import one_seed_smoke
 from ablate import runner, store
 from ablate.train import budget
 from ablate.cli import main
@@ -26,7 +27,7 @@ from tests.train.test_train import make_trial, registered
 from tests.waiting import patience, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-SMOKE = REPO / "sweeps" / "smoke.yaml"
+SMOKE = one_seed_smoke()  # the smoke sweep with one seed per cell: 4 trials
 FAST = {"ABLATE_HEARTBEAT_SECONDS": "1", "OMP_NUM_THREADS": "1"}
 
 
@@ -203,7 +204,7 @@ def test_a_modified_copy_under_the_same_name_is_refused_unless_merged(sqlite_url
     _, _, ids = runner.register(SMOKE, sqlite_url)
     store.update_run(engine, ids[0], status="completed", final_eval_loss=3.0)
     copy = yaml.safe_load(SMOKE.read_text())
-    copy["budget"]["wall_clock"] = "60s"  # the same cells, another experiment
+    copy["budget"]["steps"] = 400  # the same cells, another experiment
     path = tmp_path / "smoke.yaml"
     path.write_text(yaml.safe_dump(copy))
     assert main(["sweep", "register", str(path), "--db", sqlite_url]) == 2

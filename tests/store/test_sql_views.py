@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import one_seed_smoke
 from ablate import results, runner, store
 from ablate.cli import main
 from ablate.config.errors import AblateError
 from tests.train.test_train import make_trial, registered
 
 REPO = Path(__file__).resolve().parents[2]
-SMOKE = REPO / "sweeps" / "smoke.yaml"
+SMOKE = one_seed_smoke()  # the smoke sweep with one seed per cell: 4 trials
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

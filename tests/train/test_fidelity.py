@@ -25,7 +25,7 @@ pytestmark = pytest.mark.fidelity  # a campaign across the house: `pytest -m fid
 REPO = Path(__file__).resolve().parents[2]
 SWEEPS = REPO / "sweeps"
 # sweeps of studies by other authors, which state no recipe: they say so and keep the project's
-OWN_RECIPE = {"smoke.yaml", "metaformer-token-mixers.yaml", "metaformer-imdb.yaml", "mixture-of-depths.yaml"}
+OWN_RECIPE = {"smoke.yaml", "smoke-widths.yaml", "metaformer-token-mixers.yaml", "metaformer-imdb.yaml", "mixture-of-depths.yaml"}
 
 
 def trial(**over) -> TrialConfig:

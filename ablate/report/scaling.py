@@ -1,0 +1,76 @@
+"""A report's scaling section: each architecture's fitted law against size and compute (results/laws.py), in
+words with α, E and their intervals and the fitted range, where two architectures cross, the points and fitted
+curves drawn (log x, curves only over the sizes fitted), and scaling.csv."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from ablate.results.laws import Laws
+
+UNIT_WORDS = {"params": "parameters N", "flops": "training compute C (FLOPs)"}
+
+
+def scaling_lines(laws: Laws) -> list[str]:
+    lines = []
+    for law in laws.laws:
+        pooled = f" (pooled over {', '.join(law.pooled)})" if law.pooled else ""
+        for unit, fit in law.fits.items():
+            lines.append(f"{law.architecture}, test loss against {UNIT_WORDS[unit]}{pooled}: {fit.text(unit)}")
+    for unit, a, b, cross in laws.crossovers:
+        lines.append(f"{a} vs {b} against {UNIT_WORDS[unit]}: {cross.text(unit)}")
+    return lines
+
+
+def draw_laws(laws: Laws, title: str) -> Any:
+    """Two panels (parameters, compute): every run's point and each architecture's curve over its fitted range."""
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), squeeze=False)
+    for ax, unit in zip(axes[0], ("params", "flops")):
+        for law in laws.laws:
+            pts = law.points.get(unit) or []
+            if not pts:
+                continue
+            (dots,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", alpha=0.6, label=law.architecture,
+                              gid=f"points-{law.architecture}-{unit}")
+            fit = law.fits.get(unit)
+            if fit is not None and fit.converged:
+                xs = np.geomspace(*fit.x_range, 100)
+                ax.plot(xs, fit.predict(xs), color=dots.get_color(), linewidth=1.5,
+                        label=f"{law.architecture}: α={fit.alpha:.3g}", gid=f"fit-{law.architecture}-{unit}")
+        ax.set_xscale("log")
+        ax.set_xlabel(UNIT_WORDS[unit])
+        ax.set_ylabel("test loss (nats)")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{title}: L = E + A·x^-α per architecture (curves over the fitted range only)")
+    fig.tight_layout()
+    return fig
+
+
+SCALING_COLUMNS = ("architecture", "x", "E", "E_low", "E_high", "A", "alpha", "alpha_low", "alpha_high", "x_min",
+                   "x_max", "points", "sizes", "bootstrap", "converged", "reason")
+
+
+def write_scaling_csv(laws: Laws, path: Path) -> Path:
+    with path.open("w", newline="") as f:
+        out = csv.writer(f, lineterminator="\n")
+        out.writerow(SCALING_COLUMNS)
+        for law in laws.laws:
+            for unit, fit in law.fits.items():
+                e_ci, a_ci = fit.E_ci or ("", ""), fit.alpha_ci or ("", "")
+                x_range = fit.x_range or ("", "")
+                out.writerow((law.architecture, unit, _num(fit.E), *e_ci, _num(fit.A), _num(fit.alpha), *a_ci,
+                              *x_range, fit.n_points, fit.n_x, fit.bootstrap, fit.converged, fit.reason))
+    return path
+
+
+def _num(value: float | None) -> Any:
+    return "" if value is None else value

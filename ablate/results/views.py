@@ -1,0 +1,54 @@
+"""Runs as the read side sees them: each run's row, its axes (options flattened with defaults) and the published
+numbers it is compared with, loaded from the results database. The report, `ablate.results` and the statistics
+(orderings.py) all read runs through `load_views`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from ablate import store
+from ablate.config import Reference, SweepSpec, TrialConfig
+from ablate.config.errors import AblateError
+from ablate.config.sweep import _same
+
+
+@dataclass
+class RunView:
+    """A run as reports see it: its row, its axes (options flattened with defaults) and its reference."""
+
+    row: Any
+    axes: dict[str, Any]
+    reference: Reference | None
+    trial: TrialConfig | None = None
+    sweep: str = ""  # the sweep's name
+
+    def cell(self, key: str) -> Any:
+        return self.axes.get(key)
+
+
+def load_views(engine: sa.Engine, sweep: str) -> tuple[SweepSpec, list[RunView]]:
+    with store.session_factory(engine)() as session:
+        row = session.scalar(sa.select(store.Sweep).where(store.Sweep.name == sweep))
+        if row is None:
+            known = session.scalars(sa.select(store.Sweep.name)).all()
+            raise AblateError(f"no sweep named {sweep!r} in the results DB; known: {', '.join(known) or 'none yet'}")
+        spec = SweepSpec.model_validate(row.spec)
+        runs = list(session.scalars(sa.select(store.Run).where(store.Run.sweep_id == row.id).order_by(store.Run.trial_index)))
+    views = []
+    for r in runs:
+        trial = TrialConfig.model_validate(r.config)
+        matching = [ref for ref in spec.reference if ref.matches(trial)]
+        ref = max(matching, key=lambda x: len(x.match)) if matching else None
+        views.append(RunView(row=r, axes=trial.axes(), reference=ref, trial=trial, sweep=sweep))
+    return spec, views
+
+
+def _matches(view: RunView, where: dict[str, Any]) -> bool:
+    return all(_same(view.axes.get(k), v) for k, v in where.items())
+
+
+def _sort_key(value: Any) -> tuple:
+    return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))

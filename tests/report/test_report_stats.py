@@ -1,0 +1,101 @@
+"""The report's statistics end to end: a real small CPU sweep with 3 seeds whose report prints verdict lines (md,
+html, csv and the CLI), and a sweep whose losses follow a known scaling law, fitted back by the report."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from ablate import runner, store
+from ablate.config import TrialConfig
+from ablate.report import build_report
+from ablate.train import Settings, train
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _spec(tmp_path: Path, name: str, grid: list[dict], **changes) -> Path:
+    data = yaml.safe_load((REPO / "sweeps" / "smoke.yaml").read_text())
+    data.update({"name": name, "budget": {"steps": 60, "hardware": "cpu"}, "eval": {"at": [0.5]},
+                 "tokenizer": {"vocab_size": 512}, "grid": grid,
+                 "dataset": {"source": "ablate:tinystories-sample", "eval": {"holdout": 24}, "packing": "pad"}})
+    data["defaults"]["context"] = 48
+    data["report"].pop("prompt")
+    data.update(changes)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.slow
+def test_a_real_cpu_sweep_with_three_seeds_prints_a_verdict_for_each_ordering(tmp_path, capsys):
+    spec = _spec(tmp_path, "seeds3", [{"architecture": "mixer", "d_model": 32, "seeds": 3},
+                                      {"architecture": "llama", "heads": 4, "d_model": 32, "seeds": 3}])
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    _, _, ids = runner.register(spec, url)
+    engine = store.connect(url)
+    for rid in ids:
+        store.claim_run(engine, rid, "test")
+        train(TrialConfig.model_validate(store.get_run(engine, rid).config),
+              Settings(artifacts=tmp_path / "art", db_url=url, run_id=rid, progress=False, log_points=4))
+    report = build_report("seeds3", url, tmp_path / "out", formats=("md", "html", "csv"))
+    (line,) = report.orderings
+    (cell,) = report.claims.cells
+    assert cell.comparison.better.n == 3 and cell.comparison.worse.n == 3 and cell.comparison.tested
+    verdict = re.search(r"d_model=32: mixer .* \(n=3\) vs llama .* \(n=3\), effect [+-]\d\.\d{3} nats "
+                        r"\[[+-]\d\.\d{3}, [+-]\d\.\d{3}\], p [=<] \d\.\d{3}.* → (holds|not significant|reversed)",
+                        line)
+    assert verdict and verdict.group(1) == cell.verdict
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert line in md and "Noise floor (seed-to-seed std of test loss" in md
+    assert cell.verdict in (tmp_path / "out" / "report.html").read_text()
+    with (tmp_path / "out" / "claims.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["verdict"] == cell.verdict and int(row["better_n"]) == 3
+    assert float(row["p"]) == pytest.approx(cell.comparison.p)
+    for table in report.tables:
+        assert dict(table.rows)["Steps"] == ["60"]
+        assert dict(table.rows)["Test"][0].endswith("(n=3)")
+    from ablate import cli, results
+
+    assert list(results.claims("seeds3", url)["verdict"]) == [cell.verdict]  # the notebook's numbers are the report's
+    assert cli.main(["report", "seeds3", "--db", url, "--out", str(tmp_path / "cli"), "--format", "md"]) == 0
+    assert f"→ {cell.verdict}" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_a_sweep_whose_losses_follow_a_known_law_is_fitted_back_by_the_report(tmp_path):
+    """Three widths x 3 seeds per architecture, registered for real, their losses written from L = E + A·N^-α
+    with seed noise: the report recovers α and E, draws the fit and refuses nothing inside the range."""
+    spec = _spec(tmp_path, "widths", [{"architecture": "mixer", "d_model": [32, 64, 128], "seeds": 3},
+                                      {"architecture": "llama", "heads": 4, "d_model": [32, 64, 128], "seeds": 3}])
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    _, _, ids = runner.register(spec, url)
+    engine = store.connect(url)
+    truth = {"mixer": (1.9, 633.0, 0.5), "llama": (2.1, 30.0, 0.30)}  # equal at N = 800k: the mixer lower above
+    rng = np.random.default_rng(0)
+    for rid in ids:
+        run = store.get_run(engine, rid)
+        params = {32: 2e5, 64: 8e5, 128: 3.2e6}[run.d_model]
+        E, A, alpha = truth[run.architecture]
+        store.update_run(engine, rid, status="completed", params=int(params), steps=200, tokens=200 * 16 * 48,
+                         flops_per_token=6 * params, final_train_loss=1.0,
+                         final_eval_loss=float(E + A * params ** -alpha + rng.normal(0, 0.005)))
+    report = build_report("widths", url, tmp_path / "out", formats=("md", "png", "csv"))
+    mixer = next(line for line in report.scaling if line.startswith("mixer, test loss against parameters"))
+    alpha, low, high = map(float, re.search(r"α = ([\d.]+) \[([\d.]+), ([\d.]+)\]", mixer).groups())
+    assert alpha == pytest.approx(0.5, abs=0.05) and low <= 0.5 <= high
+    assert "from 200k to 3.2M" in mixer and "not extrapolated" in mixer
+    cross = next(line for line in report.scaling if line.startswith("llama vs mixer against parameters N"))
+    at = float(re.search(r"cross at N = ([\d.]+)k; above it mixer is lower", cross).group(1))
+    assert 700 <= at <= 900, cross
+    assert (tmp_path / "out" / "scaling.png").stat().st_size > 10_000
+    with (tmp_path / "out" / "scaling.csv").open() as f:
+        rows = {(r["architecture"], r["x"]): r for r in csv.DictReader(f)}
+    assert float(rows[("llama", "params")]["E"]) == pytest.approx(2.1, abs=0.05)
+    assert rows[("llama", "flops")]["converged"] == "True"
+    assert "**Scaling.**" in (tmp_path / "out" / "report.md").read_text()
