@@ -258,12 +258,20 @@ class At:
     amount: float
 
     def text(self) -> str:
-        if self.kind in ("tokens", "steps"):
-            amount = next((f"{self.amount / scale:g}{suffix}" for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k"))
-                           if self.amount >= scale), f"{self.amount:g}")
-        else:
-            amount = f"{self.amount:.3g}" if self.kind == "flops" else f"{self.amount:g} s"
+        amount = f"{self.amount:g} s" if self.kind == "seconds" else short_count(self.amount, exact=True)
         return f"{self.kind} = {amount}"
+
+
+def short_count(value: float, exact: bool = False) -> str:
+    """A count as people write it, and as parse_count reads it back: 950, 200k, 1.2M, 19M, 3B, 1.6T, 1.2e18;
+    `exact`: every digit of the value kept (a budget the user wrote), else two significant figures."""
+    if value < 1e3:
+        return f"{value:g}" if exact else f"{value:.3g}".replace("e+0", "e").replace("e+", "e")
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if scale <= value < 1e15:
+            q = value / scale
+            return f"{q:g}{suffix}" if exact else (f"{q:.2g}" if q < 10 else f"{q:.0f}") + suffix
+    return f"{value:g}".replace("e+", "e") if exact else f"{value:.2g}".replace("e+", "e")
 
 
 def parse_at(value: str | dict[str, Any] | At | None) -> At | None:

@@ -8,13 +8,11 @@ import csv
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 
 from ablate.config import SweepSpec
 from ablate.config.errors import AblateError, did_you_mean
 from ablate.config.units import parse_at
 from ablate.report.tables import Table, _completed
-from ablate.results.equal import read_runs_at
 from ablate.results.stats import mean_ci
 from ablate.results.views import RunView
 
@@ -40,18 +38,14 @@ def with_reading(spec: SweepSpec, views: list[RunView], at: str | None = None,
     return spec
 
 
-def read_views(engine: sa.Engine, spec: SweepSpec, views: list[RunView]) -> list[RunView]:
-    """The runs as the tables and orderings read them: at `report.at` on their own curves, or as they ended."""
-    return read_runs_at(engine, views, parse_at(spec.report.at))
-
-
 def at_note(spec: SweepSpec) -> str | None:
     at = parse_at(spec.report.at)
     if at is None:
         return None
     return (f"Read at {at.text()}: each run's loss interpolated linearly between the two logged points around it "
             f"on its own curve{' (FLOPs = tokens × the run’s training FLOPs per token)' if at.kind == 'flops' else ''}; "
-            "'not reached': the run ended before that budget (no extrapolation). Steps, Epochs and Train time are "
+            "'not reached': the run ended before that budget (no extrapolation); 'no FLOPs/token': the run recorded "
+            "none, so it cannot be read in FLOPs. Steps, Epochs and Train time are "
             "the whole run's.")
 
 
@@ -70,11 +64,12 @@ def write_tables_csv(tables: list[Table], path: Path) -> Path:
                     values = _completed(runs, column)
                     e = mean_ci(values) if values else None
                     out.writerow((t.title, label, split, *(("", "", "", 0) if e is None else
-                                                           (e.mean, _blank(e.low), _blank(e.high), e.n)),
+                                                           (e.mean, blank(e.low), blank(e.high), e.n)),
                                   min(steps, default=""), max(steps, default=""),
                                   " ".join(str(r.row.id) for r in runs)))
     return path
 
 
-def _blank(value: float | None) -> Any:
+def blank(value: float | None) -> Any:
+    """None as an empty csv field."""
     return "" if value is None else value

@@ -20,11 +20,13 @@ from ablate.config import SweepSpec, TableSpec
 from ablate.config.errors import AblateError
 from ablate.report.curves import draw_curves, plan_curves, write_curve_points
 from ablate.report.notes import check_orderings, floor_line, recipe_lines
-from ablate.report.reading import at_note, read_views, with_reading, write_tables_csv
+from ablate.report.reading import at_note, with_reading, write_tables_csv
 from ablate.report.samples import prompt_completions
 from ablate.report.scaling import draw_laws, scaling_lines, write_scaling_csv
 from ablate.report.tables import Table, _one_table, layout_tables
 from ablate.report.views import _long_lived
+from ablate.config.units import parse_at
+from ablate.results.equal import read_runs_at
 from ablate.results.laws import Laws, fit_laws
 from ablate.results.orderings import Claims, check_claims, claims_frame
 from ablate.results.views import RunView, load_views
@@ -89,7 +91,7 @@ def build_report(sweep: str, url: str | None = None, out: Path | None = None,
         spec, views = load_views(engine, sweep)
         loaded()
         spec = with_reading(spec, views, at, group)
-        read = read_views(engine, spec, views)
+        read = read_runs_at(engine, views, parse_at(spec.report.at))  # as the tables read them
         return _render(engine, spec, read, layout_tables(spec, read), [sweep], url,
                        out or Path("results/reports") / sweep, formats, skip, artifacts, stored=views)
 

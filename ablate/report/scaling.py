@@ -8,6 +8,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
+from ablate.report.reading import blank
 from ablate.results.laws import Laws
 
 UNIT_WORDS = {"params": "parameters N", "flops": "training compute C (FLOPs)"}
@@ -67,10 +68,6 @@ def write_scaling_csv(laws: Laws, path: Path) -> Path:
             for unit, fit in law.fits.items():
                 e_ci, a_ci = fit.E_ci or ("", ""), fit.alpha_ci or ("", "")
                 x_range = fit.x_range or ("", "")
-                out.writerow((law.architecture, unit, _num(fit.E), *e_ci, _num(fit.A), _num(fit.alpha), *a_ci,
+                out.writerow((law.architecture, unit, blank(fit.E), *e_ci, blank(fit.A), blank(fit.alpha), *a_ci,
                               *x_range, fit.n_points, fit.n_x, fit.bootstrap, fit.converged, fit.reason))
     return path
-
-
-def _num(value: float | None) -> Any:
-    return "" if value is None else value

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from ablate.config import SweepSpec, TableSpec
 from ablate.config.units import parse_at
 from ablate.report.notes import run_notes
-from ablate.results.equal import BEFORE_FIRST, NOT_REACHED
+from ablate.results.equal import BEFORE_FIRST, NO_FLOPS, NOT_REACHED
 from ablate.results.orderings import comparable, noise_floor
 from ablate.results.stats import mean_ci
 from ablate.report.views import _label, _varying
@@ -129,7 +129,7 @@ def _status_of(runs: list[RunView]) -> str | None:
     """A status word for a cell whose runs have no final loss yet (or ended without one)."""
     statuses = {r.row.status for r in runs}
     for s in ("oom", "diverged", "pruned", "running", "failed", "preempted", "pending", "cancelled", NOT_REACHED,
-              BEFORE_FIRST):
+              BEFORE_FIRST, NO_FLOPS):
         if s in statuses and all(r.row.status != "completed" for r in runs):
             return s
     return None

@@ -16,10 +16,11 @@ from typing import Any
 
 from ablate.config.units import At, parse_at
 
-__all__ = ["BEFORE_FIRST", "NOT_REACHED", "At", "RowAt", "loss_at", "parse_at", "read_at", "read_runs_at", "x_of"]
+__all__ = ["BEFORE_FIRST", "NOT_REACHED", "NO_FLOPS", "At", "RowAt", "loss_at", "parse_at", "read_at", "read_runs_at", "x_of"]
 
 NOT_REACHED = "not reached"  # the status of a run read at a budget past its last point
 BEFORE_FIRST = "before 1st eval"  # ... or before its first eval point
+NO_FLOPS = "no FLOPs/token"  # ... or in FLOPs, when the run recorded no training FLOPs per token
 
 
 def x_of(kind: str, points: Any, flops_per_token: float | None) -> Any:
@@ -70,7 +71,9 @@ def read_at(views: list[Any], at: At, curves: dict[tuple[int, str], Any]) -> lis
             pts = curves.get((row.id, split))
             values[split] = None if pts is None else loss_at(pts, x_of(at.kind, pts, row.flops_per_token), at.amount)
         status = row.status
-        if status == "completed" and values["eval"] is None:
+        if status == "completed" and at.kind == "flops" and not row.flops_per_token:
+            status = NO_FLOPS
+        elif status == "completed" and values["eval"] is None:
             status = NOT_REACHED
         elif status == "completed" and math.isnan(values["eval"]):
             status = BEFORE_FIRST

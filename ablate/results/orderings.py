@@ -46,7 +46,6 @@ class ClaimCell:
     p_against_adjusted: float | None = None
     left_out: int = 0  # runs of this cell left out for training fewer than min_steps steps
     floor: float | None = None  # the larger noise floor of the two sides' architectures
-    architectures: tuple[str, ...] = ()
 
     @property
     def below_floor(self) -> bool:
@@ -127,7 +126,7 @@ def _cells_of(order: Ordering, views: list[RunView], value: Value, min_steps: in
         arch = tuple(sorted(archs[key]))
         floors = [floor.get(a, (None, 0))[0] for a in arch]
         known = [f for f in floors if f is not None and math.isfinite(f)]
-        common = dict(ordering=order, where=where, left_out=left_out.get(key, 0), architectures=arch,
+        common = dict(ordering=order, where=where, left_out=left_out.get(key, 0),
                       floor=max(known) if known else None)
         if not better or not worse:
             if left_out.get(key):

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from ablate.config.units import short_count
+
 EXTRAPOLATE = 1.0  # predict() accepts x in [low / EXTRAPOLATE, high * EXTRAPOLATE] of the fitted sizes
 ALPHA_MAX = 5.0  # alpha's upper bound: a fit that runs to it has found a cliff, not a power law
 _ALPHA_MIN = 1e-3  # below this the curve is flat over any range a sweep covers: "alpha is not positive"
@@ -328,13 +330,7 @@ def _num(v: float) -> str:
 
 def _size(v: float) -> str:
     """A size as people write it: 950, 1.2M, 19M, 3B, 1.2e18."""
-    if v < 1e3:
-        return _num(v)
-    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if v >= scale and v < 1e15:
-            q = v / scale
-            return (f"{q:.2g}" if q < 10 else f"{q:.0f}") + suffix
-    return f"{v:.2g}".replace("e+", "e")
+    return short_count(v)
 
 
 def _ci(interval: Interval) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from ablate.config import SweepSpec
 from ablate.config.units import At, parse_at
-from ablate.results.equal import BEFORE_FIRST, NOT_REACHED, loss_at, read_at, x_of
+from ablate.results.equal import BEFORE_FIRST, NO_FLOPS, NOT_REACHED, loss_at, read_at, x_of
 from ablate.results.orderings import check_claims
 from ablate.results.views import RunView
 
@@ -50,6 +50,8 @@ def test_read_at_gives_each_run_its_own_interpolated_loss_and_a_status_for_the_o
     assert read[2].row.status == "failed"
     early = read_at(views[:1], At("tokens", 500), curves)[0]
     assert early.row.status == BEFORE_FIRST and early.row.final_eval_loss is None
+    unknown = read_at([_view(4, "mixer", 0, fpt=None)], At("flops", 1e10), {(4, "eval"): EVAL})[0]
+    assert unknown.row.status == NO_FLOPS  # not "not reached": it cannot be read in FLOPs at all
     assert views[0].row.final_eval_loss == 9.9  # the stored row is untouched
 
 
