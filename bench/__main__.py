@@ -1,6 +1,6 @@
 """`python -m bench all --out DIR [--quick] [--device cpu|cuda]`: the whole suite (see bench/suite.py).
 
-Also: `python -m bench models|train|data|orchestration|db|trial_cost [args]` run the single scripts.
+Also: `python -m bench models|train|data|orchestration|db|trial_cost|ui [args]` run the single scripts.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("models", "train", "data", "orchestration", "db", "trial_cost"):
+    if argv and argv[0] in ("models", "train", "data", "orchestration", "db", "trial_cost", "ui"):
         import importlib
 
         module = importlib.import_module(f"bench.{argv[0]}")

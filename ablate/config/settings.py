@@ -52,6 +52,9 @@ class Settings(BaseModel):
     sql_timeout: str | None = Field(None, description="`ablate sql`: seconds before a query is stopped (default 30; 0: no limit)")
     sql_max_rows: str | None = Field(None, description="`ablate sql`: rows a result may have (default 10,000; 0: no limit)")
     sql_max_bytes: str | None = Field(None, description="`ablate sql`: bytes a result may have (default 64 MiB; 0: no limit)")
+    # `ablate ui`
+    ui_token: str | None = Field(None, description="`ablate ui`: the token a dashboard bound beyond 127.0.0.1 requires "
+                                 "(--token beats it; never printed)")
     # between ablate's own processes, not for users to set
     claimant: str | None = Field(None, description="the claim a runner started this trainer under")
     runner_pid: int | None = Field(None, description="the runner process that started this trainer")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import sqlalchemy as sa
 import torch
 
 from ablate import store
@@ -40,9 +41,10 @@ def run_checkpoint(run: store.Run, artifacts: str | Path | None = None) -> Path:
     return path
 
 
-def load_run_model(run_id: int, url: str | None = None, artifacts: str | Path | None = None):
-    """(trial, model in eval mode, tokenizer) from a run's final checkpoint inside `artifacts`."""
-    run = store.get_run(store.reader(url), run_id)
+def load_run_model(run_id: int, url: str | sa.Engine | None = None, artifacts: str | Path | None = None):
+    """(trial, model in eval mode, tokenizer) from a run's final checkpoint inside `artifacts` (`url`: the results
+    DB, or a reader's engine already open)."""
+    run = store.get_run(url if isinstance(url, sa.Engine) else store.reader(url), run_id)
     trial = TrialConfig.model_validate(run.config)
     path = run_checkpoint(run, artifacts)
     tokenizer = load_checkpoint_tokenizer(path, trial)
