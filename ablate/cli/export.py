@@ -1,0 +1,35 @@
+"""`ablate export`: a sweep's runs into MLflow, TensorBoard or W&B (offline)."""
+
+from __future__ import annotations
+
+import click
+
+from ablate.cli.common import about, console, db_option, err_console
+
+VIEW = {"mlflow": "mlflow ui --backend-store-uri {uri}", "tensorboard": "tensorboard --logdir {logdir}",
+        "wandb": "wandb sync {dir}/offline-run-*   (uploads them; they are offline until then)"}
+
+
+@click.command(**about("a sweep's runs into MLflow, TensorBoard or W&B, keyed by fingerprint (again: only what is new)",
+                       "SWEEP: the sweep's name"))
+@click.argument("sweep")
+@click.option("--to", "to", type=click.Choice(("mlflow", "tensorboard", "wandb")), required=True)
+@click.option("--uri", default=None, help="MLflow tracking URI (default sqlite:///results/mlflow.db), TensorBoard "
+              "logdir (default results/tensorboard) or W&B folder (default results/wandb)")
+@db_option()
+def export(sweep: str, to: str, uri: str | None, db: str | None) -> int:
+    from ablate.export import TARGETS, export_sweep
+
+    uri = uri or TARGETS[to][3]
+    step = {"next": 0.0}
+
+    def progress(done: int, total: int) -> None:
+        if done == total or done / max(total, 1) >= step["next"]:
+            err_console.print(f"exported {done:,}/{total:,} runs", highlight=False)
+            step["next"] += 0.1
+
+    out = export_sweep(sweep, to, uri, db, progress)
+    console.print(f"{sweep}: {out.runs:,} runs in {to} ({out.points:,} new points in {out.updated:,} runs; "
+                  "every run is keyed by its fingerprint: exporting again adds only what is new)", highlight=False)
+    console.print("view: " + VIEW[to].format(uri=uri, **out.where), highlight=False)
+    return 0

@@ -1,0 +1,88 @@
+"""A sweep's runs as trackers take them: one record per run, keyed by its fingerprint, with its trial config
+flattened into parameters, its status and final metrics, and its train/eval curves at their steps."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+
+from ablate import store
+from ablate.results.live import sweep_row
+from ablate.results.points import IN_CHUNK, metric_points
+
+FINAL = ("final_train_loss", "final_eval_loss", "final_eval_accuracy", "params", "tokens", "steps", "train_seconds",
+         "tokens_per_second", "mfu", "epochs", "peak_memory_mb")
+
+
+@dataclass
+class Point:
+    step: int
+    seconds: float
+    tokens: int
+    loss: float
+
+
+@dataclass
+class ExportRun:
+    run_id: int
+    fingerprint: str
+    name: str  # run-ID: the name a tracker shows
+    params: dict[str, Any]  # the trial config, flattened (dataset.source, budget.kind, ...)
+    status: str
+    error: str
+    final: dict[str, float]  # the run row's final metrics that are set
+    started_at: dt.datetime | None
+    curves: dict[str, list[Point]] = field(default_factory=dict)  # split -> points in step order
+
+    def start_ms(self) -> int:
+        """When the run started (ms since the epoch, UTC): the base of its points' timestamps."""
+        when = self.started_at or dt.datetime(2000, 1, 1)
+        return int(when.replace(tzinfo=dt.timezone.utc).timestamp() * 1000)
+
+
+def export_runs(engine: sa.Engine, sweep: str) -> Iterator[ExportRun]:
+    """The sweep's runs in trial order, read IN_CHUNK at a time with their curves (a 10,000-run sweep never sits
+    in memory whole)."""
+    sid = sweep_row(engine, sweep).id
+    r = store.Run
+    with engine.connect() as conn:
+        ids = conn.execute(sa.select(r.id).where(r.sweep_id == sid).order_by(r.trial_index)).scalars().all()
+    for start in range(0, len(ids), IN_CHUNK):
+        chunk = ids[start:start + IN_CHUNK]
+        with engine.connect() as conn:
+            rows = {row.id: row for row in conn.execute(sa.select(r.__table__).where(r.id.in_(chunk)))}
+        curves: dict[int, dict[str, list[Point]]] = {}
+        for run_id, split, step, seconds, tokens, loss in metric_points(engine, chunk):
+            curves.setdefault(run_id, {}).setdefault(split, []).append(Point(step, seconds, tokens, loss))
+        for run_id in chunk:
+            row = rows[run_id]
+            yield ExportRun(run_id=row.id, fingerprint=row.fingerprint, name=f"run-{row.id}", params=flatten(row.config),
+                            status=row.status, error=(row.error or "").strip(),
+                            final={k: float(getattr(row, k)) for k in FINAL if getattr(row, k) is not None},
+                            started_at=row.started_at, curves=curves.get(run_id, {}))
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as one level of dotted keys; lists as JSON text, None as "null"."""
+    out: dict[str, Any] = {}
+    for key, value in sorted(config.items()):
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        elif isinstance(value, (list, tuple, dict)):
+            out[name] = json.dumps(value, sort_keys=True)
+        else:
+            out[name] = "null" if value is None else value
+    return out
+
+
+def slug(name: str) -> str:
+    """A sweep's name as a folder or project name: letters, digits, _ . - only (a name in the DB is data: it never
+    walks out of the export folder)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name).strip(".") or "sweep"
