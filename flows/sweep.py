@@ -80,13 +80,16 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
           memory_cap_mb: float | None = None, threads: int | None = None, budget: str | None = None,
           source: str | None = None, vocab_size: int | None = None, name: str | None = None,
           merge: bool = False, prepare_data: bool = True, holdout: int | None = None, gpus: int | None = None,
-          hardware: str | None = None, registered: runner.Registration | None = None) -> Any:
+          hardware: str | None = None, set: list[str] | None = None,  # noqa: A002 - the parameter users type
+          registered: runner.Registration | None = None) -> Any:
     """Run every trial of a sweep file that is not finished yet; returns {run id: status}.
 
     Overrides without editing the file (`prefect deployment run sweep/NAME --param budget=10m`): `budget`
     ("10m", "steps=200", ...), `source` (the dataset; a local one where the spec evaluates on a named split holds
     out documents instead), `holdout` (N documents), `vocab_size`, `gpus` (per trial; the global batch is kept),
-    `hardware` (the profile and work pool); the sweep is then named after them unless `name` is given. `merge`: add the trials to a sweep of the same name that holds other trials' results.
+    `hardware` (the profile and work pool), `set` (any field: `["defaults.lr=1e-3", "grid.0.d_model=[64,128]"]`);
+    the sweep is then named after them unless `name` is given. `merge`: add the trials to a sweep of the same name
+    that holds other trials' results.
     `prepare_data`: build the token caches here first (a dataset problem fails the sweep before any trial
     starts). `threads`: torch threads per trainer process; default, the cores other jobs leave free, shared by
     the trials at once. `registered`: the sweep as `ablate sweep run` registered it from `spec` a moment before
@@ -100,7 +103,7 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
         if registered is None:
             registered = _register(log, spec, opts, use_deployments, merge, prepare_data, {
                 "budget": budget, "source": source, "holdout": holdout, "vocab_size": vocab_size, "gpus": gpus,
-                "hardware": hardware, "name": name})
+                "hardware": hardware, "name": name, "set": set})
         return _sweep(log, registered, opts, gpu_slots, retry_failed, use_deployments)
     except (AblateError, TrialsFailed) as exc:  # the reason as a log line: `prefect deployment run --watch` shows it
         log.error("%s", exc)

@@ -68,8 +68,24 @@ def _environment_hint(exc: Exception, url: str | None) -> str | None:
     return explain(exc, url)
 
 
+def _print_version(ctx: click.Context, _: click.Parameter, value: bool) -> None:
+    """`ablate --version`: the installed package's version, looked up only when asked (startup stays light)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib import metadata
+
+    try:
+        version = metadata.version("ablate")
+    except metadata.PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
+        from ablate import __version__ as version
+    click.echo(f"ablate {version}")
+    ctx.exit(0)
+
+
 @click.group(cls=Ablate, help=__doc__.split("\n", 1)[0], subcommand_metavar="COMMAND [ARGS]...",
              context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="print ablate's version and exit")
 @db_option(expose=False)
 def cli() -> None:
     pass

@@ -52,7 +52,27 @@ def db_option(expose: bool = True) -> Callable:
 
 
 OVERRIDES = ("budget", "source", "holdout", "vocab_size", "gpus", "hardware", "name")
-OVERRIDES_NOTE = "The overrides (--budget ... --name) name the sweep after them, unless --name."
+OVERRIDES_NOTE = "The overrides (--budget ... --hardware, KEY=VALUE) name the sweep after them, unless --name."
+ASSIGNMENTS_HELP = ("KEY=VALUE: set any field of the file, a dotted path and a YAML value, e.g. defaults.lr=1e-3 "
+                    "'grid.0.d_model=[64,128]' (applied before the flags)")
+
+
+def _check_assignments(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    """Each KEY=VALUE read now, so a mistyped one is a usage error before anything loads (see config.dotted)."""
+    from ablate.config.dotted import parse_assignment
+    from ablate.config.errors import SpecError
+
+    for text in value:
+        try:
+            parse_assignment(text)
+        except SpecError as exc:
+            raise click.BadParameter(exc.problems[0], ctx=ctx, param=param) from None
+    return value
+
+
+def assignments_argument() -> Callable:
+    """The dotted overrides after SPEC: `ablate plan SPEC defaults.lr=1e-3 grid.0.d_model=[64,128]`."""
+    return click.argument("assignments", nargs=-1, metavar="[KEY=VALUE]...", callback=_check_assignments)
 
 
 def override_options(merge: bool = True) -> Callable:
@@ -76,8 +96,9 @@ def override_options(merge: bool = True) -> Callable:
 
 
 def overrides_of(params: dict[str, Any]) -> dict[str, Any]:
-    """The spec overrides given on the command line, out of a command's parameters (see spec.apply_overrides)."""
-    return {key: params.pop(key) for key in OVERRIDES}
+    """The spec overrides given on the command line, out of a command's parameters (see
+    config.overrides.apply_overrides); the KEY=VALUE arguments are its `set`."""
+    return {**{key: params.pop(key) for key in OVERRIDES}, "set": list(params.pop("assignments", ())) or None}
 
 
 def launch_flags(threads_help: str) -> Callable:

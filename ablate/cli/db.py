@@ -14,7 +14,8 @@ from ablate.config.errors import AblateError
 @click.command(**about("read-only SQL over the results database",
                        'QUERY: e.g. "SELECT architecture, d_model, final_eval_loss FROM runs"'))
 @click.argument("query")
-@click.option("--format", "fmt", type=click.Choice(("table", "csv", "json")), default="table")
+@click.option("--format", "fmt", type=click.Choice(("table", "csv", "json")), default=None,
+              help="table, csv or json (default: a table on a terminal, csv when piped)")
 @click.option("--timeout", type=float, default=None, metavar="SECONDS",
               help="stop the query after this long (default: $ABLATE_SQL_TIMEOUT or 30; 0: no limit)")
 @click.option("--max-rows", type=int, default=None, metavar="N",
@@ -25,6 +26,7 @@ from ablate.config.errors import AblateError
 @db_option()
 def sql(query: str, fmt: str, timeout: float | None, max_rows: int | None, max_bytes: int | None,
         db: str | None) -> int:
+    """Piped, it writes csv (as `sweep status` does): a script reads every value whole, not a table cut to fit."""
     from ablate.results import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_SECONDS, read_only_query
 
     timeout = _sql_limit(timeout, "--timeout", "ABLATE_SQL_TIMEOUT", DEFAULT_TIMEOUT_SECONDS, float)
@@ -36,7 +38,7 @@ def sql(query: str, fmt: str, timeout: float | None, max_rows: int | None, max_b
     note = readlogin.advice(db)
     if note:
         err_console.print(f"note: {note}", highlight=False)
-    print_rows(columns, rows, fmt)
+    print_rows(columns, rows, fmt or ("table" if console.is_terminal else "csv"))
     return 0
 
 

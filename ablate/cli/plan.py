@@ -9,14 +9,16 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ablate.cli.common import (OVERRIDES_NOTE, STATUS_ROWS, about, console, db_option, err_console, human_count,
-                               human_seconds, override_options, overrides_of)
+from ablate.cli.common import (ASSIGNMENTS_HELP, OVERRIDES_NOTE, STATUS_ROWS, about, assignments_argument, console,
+                               db_option, err_console, human_count, human_seconds, override_options, overrides_of)
 from ablate.config.errors import AblateError
 
 
 @click.command(**about("validate a sweep file and list its trials",
-                       "SPEC: sweep file, e.g. sweeps/tinystories-widths.yaml"), epilog=OVERRIDES_NOTE)
+                       "SPEC: sweep file, e.g. sweeps/tinystories-widths.yaml", ASSIGNMENTS_HELP),
+               epilog=OVERRIDES_NOTE)
 @click.argument("spec")
+@assignments_argument()
 @click.option("--max-trials", type=int, default=10_000, help="refuse grids larger than this (default 10,000)")
 @click.option("--all", "all_", is_flag=True, help="list every trial (default: the first 200, the rest counted)")
 @override_options(merge=False)

@@ -8,13 +8,20 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rich import box
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ablate.cli.common import STATUS_ROWS, console
 
 STATUS_HEADER = ("run", "architecture", "options", "d_model", "layers", "heads", "lr", "batch", "status", "budget",
                  "steps", "train", "eval", "reason")
+SHORT = {"architecture": "arch", "options": "opts", "d_model": "d", "layers": "L", "heads": "H", "batch": "bs",
+         "budget": "used"}  # the table's headers (the csv keeps STATUS_HEADER)
+LEFT = ("architecture", "options", "status", "reason")
+GIVE = ("options", "reason")  # the columns that narrow where the table is too wide: the rest stay whole
+DROPPABLE = ("architecture", "options", "d_model", "layers", "heads", "lr", "batch", "budget")
 STYLES = {"completed": "green", "running": "cyan", "oom": "yellow", "diverged": "yellow", "failed": "red",
           "preempted": "magenta"}
 
@@ -23,34 +30,66 @@ def runs_table(rows: Sequence[Any], title: str = "", limit: int | None = STATUS_
                counts: dict[str, int] | None = None) -> Table:
     """One row per run (at most `limit`, None: all): axes, status, progress through the budget, the latest losses
     and the reason of a failure, from run-row columns only; a caption counts the runs by status (`counts`: the
-    sweep's, where `rows` are only the candidates to show)."""
+    sweep's, where `rows` are only the candidates to show). Made to be read in 80 columns: an axis that is the same
+    in every shown row goes to the title (or out, when blank), headers are short, and only the reason (and options)
+    give way."""
     if counts is None:
         counts = defaultdict(int)
         for r in rows:
             counts[r.status] += 1
     total = sum(counts.values())
     shown = shown_runs(rows, limit, total) if limit else list(rows)
-    caption = ", ".join(f"{n:,} {status}" for status, n in sorted(counts.items()))
-    if len(shown) < total:
-        caption = (f"showing {len(shown):,} of {total:,} runs (unfinished, the latest finished, the next pending); "
-                   f"{caption}; --all for every run, --format csv for a file")
-    table = Table(title=title, title_justify="left", caption=caption or None, caption_justify="left")
-    for col in STATUS_HEADER:
-        table.add_column(col, justify="left" if col in ("architecture", "options", "status", "reason") else "right")
-    for r in shown:
-        table.add_row(*_table_cells(r))
+    cells = [_status_cells(r) for r in shown]
+    same = _same_in_every_row(cells)
+    table = Table(title=_title(title, same), title_justify="left", caption=_caption(counts, len(shown), total),
+                  caption_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    keys = [key for key in STATUS_HEADER if key not in same]
+    for key in keys:
+        table.add_column(SHORT.get(key, key), justify="left" if key in LEFT else "right", no_wrap=key not in GIVE,
+                         overflow="fold")
+    for c in cells:
+        table.add_row(*(_table_cell(key, c) for key in keys))
     return table
 
 
-def _table_cells(r: Any) -> list[str]:
-    c = _status_cells(r)
-    style = STYLES.get(r.status, "")
-    return [str(c["run"]), c["architecture"], escape(c["options"]), str(c["d_model"]), str(c["layers"]),
-            str(c["heads"] or "-"), f"{c['lr']:g}", str(c["batch"]),
-            f"[{style}]{c['status']}[/]" if style else c["status"], c["budget"],
-            "-" if c["steps"] is None else str(c["steps"]),
-            "-" if c["train"] is None else f"{c['train']:.3f}",
-            "-" if c["eval"] is None else f"{c['eval']:.3f}", escape(c["reason"])]
+def _same_in_every_row(cells: list[dict[str, Any]]) -> dict[str, str]:
+    """The axis columns (and budget) whose value is the same in every shown row, as the table would show it: the
+    reader needs them once, not once a row."""
+    if not cells:
+        return {}
+    return {key: _table_cell(key, cells[0]) for key in DROPPABLE if all(c[key] == cells[0][key] for c in cells)}
+
+
+def _title(title: str, same: dict[str, str]) -> str:
+    """The title, then the columns left out for being the same in every row, as `key=value` (blank ones unsaid)."""
+    said = " ".join(f"{key}={value}" for key, value in same.items() if value not in ("", "-"))
+    return " · ".join(part for part in (title, f"[dim]{said}[/]" if said else "") if part)
+
+
+def _caption(counts: dict[str, int], shown: int, total: int) -> str | None:
+    caption = ", ".join(f"{n:,} {status}" for status, n in sorted(counts.items()))
+    if shown < total:
+        caption = (f"showing {shown:,} of {total:,} runs (unfinished, the latest finished, the next pending); "
+                   f"{caption}; --all for every run, --format csv for a file")
+    return caption or None
+
+
+def _table_cell(key: str, c: dict[str, Any]) -> Any:
+    """One cell as the table shows it: markup escaped, losses to 3 decimals, the reason on one line, cut with an
+    ellipsis where the width runs out (the losses before it stay whole)."""
+    value = c[key]
+    if key == "status":
+        style = STYLES.get(value, "")
+        return f"[{style}]{value}[/]" if style else value
+    if key == "reason":
+        return Text(value, no_wrap=True, overflow="ellipsis")
+    if value is None or value == "":
+        return "" if key == "options" else "-"
+    if key == "lr":
+        return f"{value:.3g}"
+    if key in ("train", "eval"):
+        return f"{value:.3f}"
+    return escape(str(value))
 
 
 def shown_runs(rows: Sequence[Any], limit: int = STATUS_ROWS, total: int | None = None) -> list[Any]:

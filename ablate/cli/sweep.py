@@ -8,8 +8,9 @@ from typing import Any
 
 import click
 
-from ablate.cli.common import (OVERRIDES_NOTE, STATUS_ROWS, Ordered, about, console, db_option, err_console,
-                               launch_flags, launch_of, override_options, overrides_of)
+from ablate.cli.common import (ASSIGNMENTS_HELP, OVERRIDES_NOTE, STATUS_ROWS, Ordered, about, assignments_argument,
+                               console, db_option, err_console, launch_flags, launch_of, override_options,
+                               overrides_of)
 from ablate.cli.status import print_status_csv, runs_table, sweep_view, watch
 from ablate.config.errors import AblateError
 
@@ -27,8 +28,10 @@ def sweep_group() -> None:
     pass
 
 
-@click.command(**about("validate a sweep file and register its pending runs"), epilog=OVERRIDES_NOTE)
+@click.command(**about("validate a sweep file and register its pending runs", ASSIGNMENTS_HELP),
+               epilog=OVERRIDES_NOTE)
 @click.argument("spec")
+@assignments_argument()
 @click.option("--max-trials", type=int, default=10_000)
 @override_options()
 @db_option()
@@ -77,8 +80,10 @@ def cancel(name: str, db: str | None) -> int:
     return 0
 
 
-@click.command(**about("run every unfinished trial of a sweep here (local Prefect)"), epilog=OVERRIDES_NOTE)
+@click.command(**about("run every unfinished trial of a sweep here (local Prefect)", ASSIGNMENTS_HELP),
+               epilog=OVERRIDES_NOTE)
 @click.argument("spec")
+@assignments_argument()
 @click.option("--max-trials", type=int, default=10_000)
 @click.option("--gpu-slots", type=int, default=None, help="trials at once (default: GPUs visible, 1 on CPU)")
 @click.option("--retry-failed", is_flag=True, help="also re-run cancelled runs and failed runs past 3 attempts")
@@ -111,17 +116,31 @@ def run(spec: str, max_trials: int, gpu_slots: int | None, retry_failed: bool, m
         flow_params["registered"] = runner.Registration.of(parsed, sweep_id, ids)
     else:  # the flow registers the spec again, as it would on a cluster
         flow_params.update(merge=merge, **{k: v for k, v in overrides.items() if v is not None})
-    return _run_flow(flow_params, engine, parsed.name, resume=f"ablate sweep run {spec}"
-                     + (f" --db {store.redact(db)}" if db else ""))
+    return _run_flow(flow_params, engine, parsed.name, resume=_resume_command(spec, overrides, db))
 
 
 for _command in (register, run, status, cancel):
     sweep_group.add_command(_command)
 
 
+def _resume_command(spec: str, overrides: dict[str, Any], db: str | None) -> str:
+    """The command that runs the same sweep again: its overrides name it, so they are part of it."""
+    import shlex
+
+    from ablate import store
+
+    flags = [f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in overrides.items()
+             if k != "set" and v not in (None, "")]
+    sets = [shlex.quote(text) for text in overrides.get("set") or ()]
+    return " ".join(["ablate sweep run", shlex.quote(str(spec)), *sets, *flags]
+                    + ([f"--db {store.redact(db)}"] if db else []))
+
+
 def _quiet_prefect() -> None:
     # the live table is the display (failed trials and their reasons are in it: no Prefect tracebacks over it)
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "CRITICAL")
+    # nor its internal services' (an `EventsWorker` error at exit, after Ctrl-C, read like a crash)
+    os.environ.setdefault("PREFECT_INTERNAL_LOGGING_LEVEL", "CRITICAL")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from a lab machine
     os.environ.setdefault("DO_NOT_TRACK", "1")  # nor from the client, whose first-run notice would print over the table
     # the local API is a subprocess that must start within this; Prefect's 20 s expired on a loaded host
@@ -146,8 +165,7 @@ def _run_flow(flow_params: dict[str, Any], engine: Any, name: str, resume: str) 
         watch(render, done, engine, name)
     except KeyboardInterrupt:
         runner.STOP.set()  # run_trial SIGTERMs its trainer (checkpoint, `preempted`); no new trial starts
-        err_console.print("stopping: running trainers checkpoint and stop (Ctrl-C again to abandon them)...")
-        done.wait(runner.STOP_GRACE_SECONDS)
+        _wait_for_trainers(done, engine, name)
         console.print(render())
         err_console.print(f"sweep {name} stopped; resume it with: {resume}")
         return 130
@@ -157,6 +175,31 @@ def _run_flow(flow_params: dict[str, Any], engine: Any, name: str, resume: str) 
     counts = runner.status_counts(engine, name)
     console.print(f"sweep {name}: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
     return 1 if counts.get("failed") or counts.get("preempted") else 0
+
+
+def _wait_for_trainers(done: Any, engine: Any, name: str) -> None:
+    """After Ctrl-C: until the flow ends (its trainers checkpointed and stopped) or their grace runs out, saying
+    which runs it waits for, and again whenever that changes (a busy machine takes minutes to checkpoint)."""
+    import time
+
+    import sqlalchemy as sa
+
+    from ablate import runner, store
+
+    deadline = time.monotonic() + runner.STOP_GRACE_SECONDS
+    said = None
+    while True:
+        with engine.connect() as conn:
+            running = conn.execute(sa.select(store.Run.id).where(store.Run.sweep_id == runner.sweep_id(engine, name),
+                                                                 store.Run.status == "running")).scalars().all()
+        if running != said:
+            left = max(0, round(deadline - time.monotonic()))
+            err_console.print(f"stopping: waiting for {len(running)} trainer(s) to checkpoint and stop (runs "
+                              f"{', '.join(map(str, running))}; at most {left} s more; Ctrl-C again abandons them)"
+                              if running else "stopping: no trainer is running; ending the sweep's flow", highlight=False)
+            said = running
+        if done.wait(2.0) or time.monotonic() > deadline:
+            return
 
 
 def _flow_thread(sweep: Any, flow_params: dict[str, Any], result: dict[str, Any], done: Any) -> None:

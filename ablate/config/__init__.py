@@ -9,7 +9,8 @@
     sweep.py      SweepSpec and its blocks: search, report, reference, retrieval
     grid.py       grid expansion into trials
     load.py       load_spec / parse_spec / load_trials: a sweep file, with overrides, validated
-    yamlfile.py   the bounded YAML reader; overrides.py: --budget/--source/--param changes; sources.py: paths
+    yamlfile.py   the bounded YAML reader; overrides.py: --budget/--source/--param changes; dotted.py: KEY=VALUE
+                  overrides of any field; sources.py: paths
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 from ablate.config import registry
 from ablate.config.errors import AblateError, SpecError, did_you_mean, one_of, show as _show
 from ablate.config.grid import MAX_TRIALS, _axes_of, expand_grid
-from ablate.config.overrides import apply_overrides
+from ablate.config.overrides import apply_overrides, describe_overrides
 from ablate.config.sources import has_splits, looks_like_path, special_files
 from ablate.config.sweep import SweepSpec
 from ablate.config.trial import GRID_FIELDS, SWEEP_LEVEL_FIELDS, TrialConfig
@@ -249,7 +249,7 @@ def _check_blocks(spec: SweepSpec) -> list[str]:
 def load_trials(path: str | Path, max_trials: int = MAX_TRIALS,
                 overrides: dict[str, Any] | None = None) -> tuple[SweepSpec, list[TrialConfig]]:
     """The sweep file's spec and trials, with `overrides` (see `apply_overrides`) applied first."""
-    overrides = {k: v for k, v in (overrides or {}).items() if v not in (None, "")}
+    overrides = {k: v for k, v in (overrides or {}).items() if v not in (None, "", [], ())}
     spec = load_spec(path) if not overrides else override_spec(path, overrides)
     return spec, expand_grid(spec, source=str(path), max_trials=max_trials)
 
@@ -260,6 +260,7 @@ def override_spec(path: str | Path, overrides: dict[str, Any]) -> SweepSpec:
     data = read_yaml(path)
     if not isinstance(data, dict):
         return parse_spec(data, source=str(path), base_dir=path.parent)  # its own error
-    return parse_spec(apply_overrides(data, overrides), source=f"{path} with {overrides}", base_dir=path.parent)
+    return parse_spec(apply_overrides(data, overrides), source=f"{path} with {describe_overrides(overrides)}",
+                      base_dir=path.parent)
 
 

@@ -1,6 +1,6 @@
 """Overrides: what a run may change in a sweep file without editing it (`--budget`, `--source`, `--gpus`, ...,
-or a deployment run's parameters), applied to the file's contents before they are parsed, so that an
-overridden sweep goes through exactly the checks of a written one."""
+any field as `KEY=VALUE` (dotted.py), or a deployment run's parameters), applied to the file's contents before
+they are parsed, so that an overridden sweep goes through exactly the checks of a written one."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ablate.config.dotted import assign, parse_assignment, value_text
 from ablate.config.errors import SpecError, did_you_mean
 from ablate.config.sources import has_splits, is_local_source, looks_like_path
 
-OVERRIDES = ("budget", "source", "holdout", "vocab_size", "gpus", "hardware", "name")  # what a run may change unedited
+# what a run may change unedited; `set`: dotted KEY=VALUE assignments of any field
+OVERRIDES = ("budget", "source", "holdout", "vocab_size", "gpus", "hardware", "name", "set")
 DEFAULT_HOLDOUT = 1000  # documents held out for eval when a source override has no split to evaluate on
 
 
@@ -32,7 +34,8 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     "tokens=50M", "flops=1e15"; hardware and gpus stay), `source` (dataset.source: a local source where the spec
     evaluates on a named split gets a holdout instead, since local files have no splits), `holdout` (eval on the
     last N documents), `vocab_size` (train a BPE of that size), `gpus` (GPUs per trial: the global batch is kept by
-    scaling grad_accum where the counts divide), `hardware` (the profile / work pool), `name`. Other trials are
+    scaling grad_accum where the counts divide), `hardware` (the profile / work pool), `name`, and `set`: any field,
+    as dotted `KEY=VALUE` assignments (`defaults.lr=1e-3`), applied first, as an edit of the file. Other trials are
     another experiment: without a `name`, the sweep is named after the changes (smoke-budget-10m), so it never
     mixes with the file's own sweep; what changed, and how it differs from the study, is listed in the spec's
     `overrides` (printed by plan and the report)."""
@@ -43,6 +46,7 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     data = copy.deepcopy(data)
     suffix: list[str] = []
     notes: list[str] = []
+    named = _override_fields(data, overrides.get("set") or (), suffix, notes)
     budget = overrides.get("budget")
     if budget is not None:
         kind, _, amount = str(budget).strip().rpartition("=")
@@ -65,11 +69,32 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     _override_hardware(data, overrides, suffix, notes)
     if overrides.get("name"):
         data["name"] = overrides["name"]
-    elif suffix and isinstance(data.get("name"), str):
+    elif suffix and isinstance(data.get("name"), str) and not named:
         data["name"] = "-".join([data["name"], *suffix])
     if notes:
         data["overrides"] = notes
     return data
+
+
+def describe_overrides(overrides: dict[str, Any]) -> str:
+    """The overrides as a command line gives them (`--budget 10m defaults.lr=1e-3`): where a problem came from."""
+    sets = overrides.get("set") or ()
+    flags = [f"--{k.replace('_', '-')} {v}" for k, v in overrides.items() if k != "set" and v not in (None, "")]
+    return " ".join(flags + ([sets] if isinstance(sets, str) else list(sets)))
+
+
+def _override_fields(data: dict[str, Any], assignments: Any, suffix: list[str], notes: list[str]) -> bool:
+    """`set`: each `KEY=VALUE` (a string, or a list of them) set in `data`, the caller's copy; whether one of them
+    was the sweep's `name` (which then names it, as `name` does)."""
+    named = False
+    for text in [assignments] if isinstance(assignments, str) else assignments:
+        key, value = parse_assignment(text)
+        assign(data, key, value)
+        named = named or key == "name"
+        if key != "name":
+            suffix.append(_slug(f"{key}={value_text(value)}"))
+            notes.append(f"{key}: {value_text(value)} (override)")
+    return named
 
 
 def _override_data(data: dict[str, Any], overrides: dict[str, Any], suffix: list[str], notes: list[str]) -> None:

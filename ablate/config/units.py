@@ -191,9 +191,12 @@ class Budget(Frozen):
         return parse_count(getattr(self, self.kind))
 
     def describe(self) -> str:
+        """`tokens 20k on 1x cpu`: counts as people write them (every digit kept), durations as written."""
         value = getattr(self, self.kind)
         if self.kind == "wall_clock" and not isinstance(value, str):
             value = f"{value:g}s"
+        elif self.kind in ("tokens", "flops"):
+            value = short_count(parse_count(value), exact=True)
         return f"{self.kind.replace('_', ' ')} {value} on {self.gpus}x {self.hardware}"
 
 

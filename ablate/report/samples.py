@@ -4,6 +4,7 @@ spec's `report.prompt` greedily (torch is imported only when some run has a chec
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 from ablate.config import registry
@@ -36,7 +37,9 @@ def prompt_completions(views: list[RunView], prompt: str, url: str | None, artif
     keys = _varying(views, set()) or ["architecture"]
     out = []
     for v in reachable:
-        if v.row.id in chosen:
+        if v.row.id in chosen:  # each checkpoint loaded once; loading takes seconds on a busy CPU: say so
+            print(f"prompt completions: loading run {v.row.id}'s checkpoint ({len(out) + 1}/{len(chosen)})",
+                  file=sys.stderr, flush=True)
             trial, model, tokenizer = load_run_model(v.row.id, url, artifacts)
             text = complete(model, tokenizer, prompt, trial.context, max_new=max_new).replace("\n", " ")
             out.append((v.row.id, _label(v.axes, keys), text))

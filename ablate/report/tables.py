@@ -66,7 +66,7 @@ def _one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView], extra:
     averaged = [] if extra is None else _varying(members, {col_axis, *extra})
     extra = _varying(members, set(tspec.group_by) | {col_axis}) if extra is None else extra
     columns: dict[tuple, list[RunView]] = {}
-    for v in sorted(members, key=lambda v: (_sort_key(v.axes.get(col_axis)), [repr(v.axes.get(k)) for k in extra])):
+    for v in sorted(members, key=_grid_order(members, [col_axis, *extra])):
         columns.setdefault((repr(v.axes.get(col_axis)), *[repr(v.axes.get(k)) for k in extra]), []).append(v)
     group_label = _label(members[0].axes, list(tspec.group_by)) if tspec.group_by else ""
     title = tspec.title or group_label or spec.name
@@ -116,6 +116,18 @@ def _one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView], extra:
     notes += run_notes([v for runs in columns.values() for v in runs])
     notes.append("Losses are token-weighted cross-entropy in nats (the studies averaged per-batch means).")
     return Table(title=title, columns=labels, rows=rows, runs=list(columns.values()), notes=notes)
+
+
+def _grid_order(members: list[RunView], axes: list[str]):
+    """A sort key for runs by `axes`: an axis of numbers in ascending order, any other in the order the grid first
+    names its values (runs come in trial order), not alphabetically: mixer before llama when the sweep says so."""
+    first: dict[tuple[str, str], int] = {}
+    for v in members:
+        for k in axes:
+            first.setdefault((k, repr(v.axes.get(k))), len(first))
+    numeric = {k for k in axes if all(_sort_key(v.axes.get(k))[0] == 0 for v in members)}
+    return lambda v: tuple(_sort_key(v.axes.get(k)) if k in numeric else (1, first[(k, repr(v.axes.get(k)))], "")
+                           for k in axes)
 
 
 # ---------------------------------------------------------------- cells

@@ -95,6 +95,16 @@ def _check_known_revision(engine: sa.Engine, current: str, head: str) -> None:
                           "(pip install -U ablate, or pull) to use it") from None
 
 
+def migrate_lock(db: Path) -> Path:
+    """Where the processes migrating a SQLite file meet: in the temporary folder, named by the file's resolved path,
+    not beside the database (a lock file there outlives the lock and litters the user's results folder)."""
+    import hashlib
+    import tempfile
+
+    key = hashlib.sha256(str(db.resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"ablate-migrate-{key}.lock"
+
+
 @contextmanager
 def _schema_lock(engine: sa.Engine) -> Iterator[None]:
     """Serialise migrations across processes: a file lock for SQLite, an advisory lock for Postgres."""
@@ -102,7 +112,7 @@ def _schema_lock(engine: sa.Engine) -> Iterator[None]:
     if path is not None:
         from filelock import FileLock
 
-        with FileLock(str(path) + ".migrate.lock", timeout=120):
+        with FileLock(str(migrate_lock(path)), timeout=120):
             yield
     elif engine.dialect.name == "postgresql":
         with engine.connect() as conn:

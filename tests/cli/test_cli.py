@@ -16,7 +16,7 @@ import yaml
 
 from ablate import store
 from ablate.cli import main
-from tests.helpers import one_seed_smoke
+from tests.helpers import cli_env, one_seed_smoke
 from tests.waiting import patience
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,6 +73,38 @@ def test_sql_csv_output(sqlite_url, capsys):
     capsys.readouterr()
     assert main(["--db", sqlite_url, "sql", "SELECT architecture, d_model FROM runs ORDER BY id", "--format", "csv"]) == 0
     assert capsys.readouterr().out.splitlines() == ["architecture,d_model", "mixer,64", "mixer,128", "llama,64", "llama,128"]
+
+
+def test_sql_writes_csv_when_piped_and_a_table_on_a_terminal(sqlite_url, capsys, monkeypatch):
+    from ablate.cli.common import console
+
+    main(["sweep", "register", SMOKE, "--db", sqlite_url])
+    capsys.readouterr()
+    query = "SELECT architecture, d_model FROM runs ORDER BY id LIMIT 2"
+    result = subprocess.run([sys.executable, "-m", "ablate.cli", "sql", query, "--db", sqlite_url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=cli_env(),
+                            timeout=patience(120))
+    assert result.returncode == 0 and result.stdout.splitlines() == ["architecture,d_model", "mixer,64", "mixer,128"]
+    assert main(["sql", query, "--db", sqlite_url]) == 0  # capsys: not a terminal either
+    assert capsys.readouterr().out.splitlines() == ["architecture,d_model", "mixer,64", "mixer,128"]
+    assert main(["sql", query, "--db", sqlite_url, "--format", "json"]) == 0  # an explicit format wins
+    assert json.loads(capsys.readouterr().out)[1] == {"architecture": "mixer", "d_model": 128}
+    monkeypatch.setattr(console, "_force_terminal", True)
+    assert main(["sql", query, "--db", sqlite_url]) == 0
+    out = capsys.readouterr().out
+    assert "architecture" in out and "2 rows" in out and "architecture,d_model" not in out
+    assert main(["sql", query, "--db", sqlite_url, "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "architecture,d_model"
+
+
+def test_version_prints_the_installed_version_and_exits_0(capsys):
+    from importlib import metadata
+
+    result = subprocess.run([sys.executable, "-m", "ablate.cli", "--version"], capture_output=True, text=True,
+                            cwd=REPO, env=cli_env(), timeout=patience(120))
+    assert result.returncode == 0 and result.stdout == f"ablate {metadata.version('ablate')}\n", result
+    assert main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"ablate {metadata.version('ablate')}"
+    assert main(["-h"]) == 0 and "--version" in capsys.readouterr().out
 
 
 def test_sql_error_is_reported(sqlite_url, capsys):

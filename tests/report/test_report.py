@@ -180,6 +180,9 @@ def test_report_shows_each_runs_completion_of_the_prompt(filled, capsys):
     text = (report.out / "report.md").read_text()
     assert "Completions of the prompt" in text
     assert sum(line.startswith("- run ") for line in text.splitlines()) == len(ids)
+    progress = capsys.readouterr().err  # one line per checkpoint, each loaded once
+    assert [f"({i}/{len(ids)})" in progress for i in range(1, len(ids) + 1)] == [True] * len(ids)
+    assert progress.count("loading run") == len(ids)
     from ablate.cli import main
 
     assert main(["generate", str(ids[0]), "--prompt", "Once upon a time", "--db", url, "--max-new", "8",
@@ -346,10 +349,10 @@ def test_a_report_grouped_by_any_axes_averages_the_rest(filled):
         rows = conn.execute(sa.select(store.Run).where(store.Run.id.in_(ids))).all()
     report = build_report("smoke", url, tmp / "grouped", formats=("md", "csv", "png"), group=("architecture",))
     (table,) = report.tables
-    assert table.columns == ["architecture=llama", "architecture=mixer"]
+    assert table.columns == ["architecture=mixer", "architecture=llama"]  # the grid's order, not alphabetical
     mixer = [r.final_eval_loss for r in rows if r.architecture == "mixer"]
-    assert dict(table.rows)["Test"][1].startswith(f"{statistics.fmean(mixer):.2f} ± ")
-    assert dict(table.rows)["Test"][1].split(" †")[0].endswith(f"(n={len(mixer)})")
+    assert dict(table.rows)["Test"][0].startswith(f"{statistics.fmean(mixer):.2f} ± ")
+    assert dict(table.rows)["Test"][0].split(" †")[0].endswith(f"(n={len(mixer)})")
     assert any("each cell averages its runs over seeds and d_model" in n for n in table.notes)
     from ablate.report import plan_curves
 
@@ -357,8 +360,11 @@ def test_a_report_grouped_by_any_axes_averages_the_rest(filled):
     assert plan.is_aggregate and sorted(c.label.split(" (")[0] for c in plan.curves) == ["architecture=llama",
                                                                                          "architecture=mixer"]
     two = build_report("smoke", url, tmp / "grouped2", formats=("md",), group=("architecture", "d_model"))
-    assert two.tables[0].columns == ["architecture=llama (d=32)", "architecture=llama (d=64)",
-                                     "architecture=mixer (d=32)", "architecture=mixer (d=64)"]
+    assert two.tables[0].columns == ["architecture=mixer (d=32)", "architecture=mixer (d=64)",
+                                     "architecture=llama (d=32)", "architecture=llama (d=64)"]
+    widths = build_report("smoke", url, tmp / "grouped3", formats=("md",), group=("d_model", "architecture"))
+    assert widths.tables[0].columns == ["d=32 (architecture=mixer)", "d=32 (architecture=llama)",
+                                        "d=64 (architecture=mixer)", "d=64 (architecture=llama)"]
 
 
 def test_report_flags_for_at_and_group_name_the_mistake(filled, capsys):

@@ -112,6 +112,8 @@ def test_ctrl_c_stops_the_sweep_cleanly_and_says_how_to_resume(tmp_path):
                              f"{err[-8000:]}\n{out[-2000:]}") from None
     assert cli.returncode == 130, (out, err)
     assert "resume it with: ablate sweep run" in err
+    assert "stopping: waiting for 1 trainer(s) to checkpoint and stop (runs 1;" in err  # what it waits for
+    assert "ERROR" not in err and "EventsWorker" not in err and "Traceback" not in err, err  # nothing like a crash
     assert not runner.pid_alive(trainer)
     time.sleep(2)
     assert not [p for p in helpers if runner.pid_alive(p) and Path(f"/proc/{p}").exists()

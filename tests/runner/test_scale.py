@@ -147,7 +147,7 @@ def test_a_big_status_table_shows_the_unfinished_and_latest_runs_and_counts_the_
     assert len(few) < len(ids) and counts == {"completed": 100, "oom": 1, "running": 1, "failed": 1, "pending": 247}
     again = runs_table(few, counts=counts)
     assert [c._cells for c in again.columns] == [c._cells for c in table.columns] and again.caption == table.caption
-    reason = table.columns[-1]._cells[shown.index(ids[-2])]
+    reason = str(table.columns[-1]._cells[shown.index(ids[-2])])
     assert reason == "trainer exited with code 1:"
     out = io.StringIO()
     sys_stdout, sys.stdout = sys.stdout, out

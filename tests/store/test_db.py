@@ -121,6 +121,10 @@ def test_an_older_database_is_upgraded(tmp_path):
     assert store.current_revision(engine) is None
     store.connect(url)
     assert store.current_revision(engine) == store.head_revision(engine)
+    assert not list(tmp_path.glob("*lock*"))  # no lock file left beside the database
+    from ablate.store.migrate import migrate_lock
+
+    assert migrate_lock(tmp_path / "old.db") == migrate_lock(tmp_path / "." / "old.db")  # one lock per file
 
 
 def _writer(url: str, run_id: int, worker: int, n: int) -> None:
