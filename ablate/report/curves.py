@@ -147,6 +147,9 @@ def draw_curves(engine: sa.Engine, table: Table, x_axes: tuple[str, ...] = ("hou
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    from ablate.config.units import short_count
 
     plan = plan or plan_curves(table)
     points = run_points(engine, [r.row.id for c in plan.curves for r in c.runs])
@@ -169,6 +172,8 @@ def draw_curves(engine: sa.Engine, table: Table, x_axes: tuple[str, ...] = ("hou
                 (line,) = ax.plot(xs, mean, **style)
                 ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
             ax.set_xlabel({"hours": f"training wall clock ({unit})", "tokens": "tokens seen", "steps": "steps"}[x])
+            if x == "tokens":  # 350k, not 350000
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: short_count(value) if value else "0"))
             ax.set_ylabel(f"{split} loss (nats)")
             ax.grid(alpha=0.3)
     configs = len(set(plan.configuration.values()))

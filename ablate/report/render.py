@@ -59,6 +59,7 @@ class Figures:
     captions: list[str] = field(default_factory=list)
     embedded: list[str] = field(default_factory=list)
     scaling: str | None = None  # the scaling figure's base64 PNG, when one was drawn
+    together: tuple[str, str] | None = None  # (caption, base64 PNG) of every table's runs on one axis, when drawn
 
 
 @dataclass
@@ -168,7 +169,22 @@ def _draw_figures(engine: sa.Engine, spec: SweepSpec, tables: list[Table], out: 
         if {"png", "svg", "html"} & set(formats):
             figures.files += _save_figure(draw_curves(engine, t, spec.report.curves, plan), stem, formats,
                                           figures.embedded)
+    if len(tables) > 1 and {"png", "svg", "html"} & set(formats):
+        figures.together = _draw_together(engine, spec, tables, out, formats, figures)
     return figures
+
+
+def _draw_together(engine: sa.Engine, spec: SweepSpec, tables: list[Table], out: Path, formats: tuple[str, ...],
+                   figures: Figures) -> tuple[str, str]:
+    """Every table's runs in one figure, on one scale: the sweep's own comparison (mixer beside Llama) where its
+    tables split the families apart."""
+    together = Table(title=f"{spec.name}: every table on one axis", columns=[c for t in tables for c in t.columns],
+                     rows=[], runs=[runs for t in tables for runs in t.runs])
+    plan = plan_curves(together)
+    png: list[str] = []
+    figures.files += _save_figure(draw_curves(engine, together, spec.report.curves, plan), out / "curves-together",
+                                  formats, png)
+    return "every table's runs on one axis, one scale" + (f"; {plan.caption}" if plan.caption else ""), png[0]
 
 
 def _page(spec: SweepSpec, views: list[RunView], tables: list[Table], out: Path, figures: Figures, url: str | None,
@@ -202,6 +218,9 @@ def render_markdown(page: Page) -> str:
             md += [f"![{t.title}]({png.name})", ""]
             caption = page.figures.captions[i]
             md += [f"_Figure: {caption}._", ""] if caption else []
+    if page.out / "curves-together.png" in drawn:
+        md += ["**All tables on one axis.**", "", "![all tables on one axis](curves-together.png)", "",
+               f"_Figure: {page.figures.together[0]}._", ""]
     if page.scaling:
         md += ["**Scaling.** Test loss fitted per architecture as L = E + A·x^-α:", ""]
         md += [f"- {line}" for line in page.scaling] + [""]
@@ -220,7 +239,7 @@ def render_html(page: Page) -> str:
     return _templates().get_template("report.html.j2").render(
         name=page.spec.name, description=page.spec.description, summary=page.summary, recipe=page.recipe,
         orderings=page.orderings, floor=page.floor, tables=shown, prompt=page.spec.report.prompt, of_runs=page.of_runs,
-        samples=page.samples, scaling=page.scaling, scaling_png=figures.scaling)
+        samples=page.samples, scaling=page.scaling, scaling_png=figures.scaling, together=figures.together)
 
 
 @functools.cache

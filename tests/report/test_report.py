@@ -109,11 +109,26 @@ def test_output_files_and_self_contained_html(filled):
     report = build_report("smoke", url, tmp / "files")
     names = {p.name for p in report.files}
     assert {"report.md", "report.html", "runs.csv"} <= names
-    assert {"curves-architecture-mixer.png", "curves-architecture-llama.svg"} <= names
+    assert {"curves-architecture-mixer.png", "curves-architecture-llama.svg", "curves-together.png"} <= names
     page = (tmp / "files" / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 2 and 'src="http' not in page
+    assert page.count("data:image/png;base64,") == 3 and 'src="http' not in page  # each table's, and all on one axis
+    assert "![all tables on one axis](curves-together.png)" in (tmp / "files" / "report.md").read_text()
     csv_lines = (tmp / "files" / "runs.csv").read_text().strip().splitlines()
     assert len(csv_lines) == len(ids) + 1
+
+
+def test_the_families_split_into_tables_meet_in_one_figure_on_one_scale(filled):
+    """The smoke report's tables are per architecture; one more figure draws every run of both on shared axes."""
+    from ablate.report import draw_curves, plan_curves
+    from ablate.report.tables import Table
+
+    url, ids, tmp = filled
+    report = build_report("smoke", url, tmp / "together", formats=("md", "png"))
+    assert (tmp / "together" / "curves-together.png").stat().st_size > 10_000
+    together = Table(title="all tables", columns=[], rows=[], runs=[runs for t in report.tables for runs in t.runs])
+    fig = draw_curves(store.reader(url), together, ("tokens",), plan_curves(together))
+    drawn = {line.get_gid() for line in fig.axes[1].get_lines()}  # the eval panel
+    assert drawn == {f"run-{i}-eval-tokens" for i in ids}  # mixer and llama runs in the same panel, on one y scale
 
 
 def test_unfinished_oom_and_running_cells_render(tmp_path):

@@ -71,7 +71,8 @@ def test_a_big_sweep_reports_every_run_and_draws_the_best_configurations(big):
     assert md.count(f"showing {MAX_CURVES} of 75 configurations (750 runs)") == 2
     assert "every run's points in curves-architecture-mixer.csv" in md
     page = (rep.out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 2 and page.count(f"showing {MAX_CURVES} of 75") == 2
+    assert page.count("data:image/png;base64,") == 3 and page.count(f"showing {MAX_CURVES} of 75") == 2  # + all on one axis
+    assert f"showing {MAX_CURVES} of 150 configurations (1500 runs)" in page
     assert len((rep.out / "runs.csv").read_text().splitlines()) == 1500 + 1
     points = list(csv.DictReader((rep.out / "curves-architecture-mixer.csv").open()))
     assert len(points) == 750 * 20 and len({p["run_id"] for p in points}) == 750  # drawn or not, every run's points
