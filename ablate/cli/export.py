@@ -16,8 +16,11 @@ VIEW = {"mlflow": "mlflow ui --backend-store-uri {uri}", "tensorboard": "tensorb
 @click.option("--to", "to", type=click.Choice(("mlflow", "tensorboard", "wandb")), required=True)
 @click.option("--uri", default=None, help="MLflow tracking URI (default sqlite:///results/mlflow.db), TensorBoard "
               "logdir (default results/tensorboard) or W&B folder (default results/wandb)")
+@click.option("--follow", type=float, default=None, metavar="SECONDS",
+              help="then keep the tracker up to date while the sweep trains: every SECONDS, send the runs that moved, "
+                   "until every run has finished (Ctrl-C stops it; nothing is lost, the next export goes on)")
 @db_option()
-def export(sweep: str, to: str, uri: str | None, db: str | None) -> int:
+def export(sweep: str, to: str, uri: str | None, follow: float | None, db: str | None) -> int:
     from ablate.export import TARGETS, export_sweep
 
     uri = uri or TARGETS[to][3]
@@ -28,7 +31,12 @@ def export(sweep: str, to: str, uri: str | None, db: str | None) -> int:
             err_console.print(f"exported {done:,}/{total:,} runs", highlight=False)
             step["next"] += 0.1
 
-    out = export_sweep(sweep, to, uri, db, progress)
+    if follow is not None and follow <= 0:
+        from ablate.config.errors import AblateError
+
+        raise AblateError(f"--follow {follow:g}: give the seconds between rounds, e.g. --follow 30")
+    out = export_sweep(sweep, to, uri, db, progress, follow=follow,
+                       say=lambda line: err_console.print(line, highlight=False))
     console.print(f"{sweep}: {out.runs:,} runs in {to} ({out.points:,} new points in {out.updated:,} runs; "
                   "every run is keyed by its fingerprint: exporting again adds only what is new)", highlight=False)
     console.print("view: " + VIEW[to].format(uri=uri, **out.where), highlight=False)

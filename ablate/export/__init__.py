@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ablate.config.errors import AblateError
+from ablate.results.live import sweep_row
 
 TARGETS = {"mlflow": ("ablate.export.mlflow", "MlflowTarget", "mlflow", "sqlite:///results/mlflow.db"),
            "tensorboard": ("ablate.export.tensorboard", "TensorboardTarget", "tensorboard", "results/tensorboard"),
@@ -27,43 +28,86 @@ class Exported:
     where: dict[str, Any] = field(default_factory=dict)
 
 
-def export_sweep(sweep: str, to: str, uri: str | None = None, url: str | None = None, progress: Any = None) -> Exported:
+def export_sweep(sweep: str, to: str, uri: str | None = None, url: str | None = None, progress: Any = None,
+                 follow: float | None = None, say: Any = None) -> Exported:
     """Every run of `sweep` into tracker `to` at `uri` (default: TARGETS' under results/); `progress(done, total)`
-    is called after each run."""
+    is called after each run. `follow`: then, every that many seconds until every run has finished, send again
+    the runs whose status or latest point moved (a live mirror that costs the trainers nothing), saying each
+    round's news with `say`."""
+    import time
+
     from ablate import store
     from ablate.export.runs import export_runs
-    from ablate.results.live import sweep_row
 
+    require(to)  # before the database: a missing extra is the first thing to fix
+    engine = store.reader(url)
+    sweep_row(engine, sweep)  # a clear error for an unknown sweep, before the target is created
+    target = target_for(to, uri, sweep)
+    out = Exported(where=target.where())
+    total = store_runs(engine, sweep)
+    seen = run_states(engine, sweep)
+    for run in export_runs(engine, sweep):
+        _count(out, target.export(run))
+        if progress is not None:
+            progress(out.runs, total)
+    while follow and any(status not in store.FINISHED for status, *_ in seen.values()):
+        time.sleep(follow)
+        now = run_states(engine, sweep)
+        moved = [run_id for run_id, state in now.items() if seen.get(run_id) != state]
+        seen = now
+        points = out.points
+        for run in export_runs(engine, sweep, run_ids=moved) if moved else ():
+            _count(out, target.export(run), again=True)
+        if say is not None and moved:
+            say(f"{len(moved)} run(s) moved: {out.points - points:,} new points sent")
+    return out
+
+
+def _count(out: Exported, new: int, again: bool = False) -> None:
+    out.runs += not again
+    out.points += new
+    out.updated += bool(new)
+
+
+def run_states(engine: Any, sweep: str) -> dict[int, tuple]:
+    """Per run of the sweep: (status, last step, latest eval loss, final eval loss), one light query: what moves
+    when a trainer flushes points or a run ends."""
+    import sqlalchemy as sa
+
+    from ablate import store
+
+    r = store.Run
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(r.id, r.status, r.last_step, r.last_eval_loss, r.final_eval_loss)
+                            .where(r.sweep_id == sweep_row(engine, sweep).id)).all()
+    return {row[0]: tuple(row[1:]) for row in rows}
+
+
+def require(to: str) -> None:
+    """A known tracker whose package is installed, else one message naming the extra that brings it."""
     if to not in TARGETS:
         raise AblateError(f"--to must be one of {', '.join(TARGETS)}, not {to!r}")
-    module, cls, package, default = TARGETS[to]
+    package = TARGETS[to][2]
     try:
         importlib.import_module(package)
     except ImportError:
         raise AblateError(f"exporting to {to} needs the {package} package: pip install 'ablate[{to}]'") from None
-    engine = store.reader(url)
-    sweep_row(engine, sweep)  # a clear error for an unknown sweep, before the target is created
-    target = getattr(importlib.import_module(module), cls)(uri or default, sweep)
-    out = Exported(where=target.where())
-    total = store_runs(engine, sweep)
-    for run in export_runs(engine, sweep):
-        new = target.export(run)
-        out.runs += 1
-        out.points += new
-        out.updated += bool(new)
-        if progress is not None:
-            progress(out.runs, total)
-    return out
+
+
+def target_for(to: str, uri: str | None, sweep: str) -> Any:
+    """The tracker `to` at `uri` (default: TARGETS' under results/), for `sweep`."""
+    require(to)
+    module, cls, _, default = TARGETS[to]
+    return getattr(importlib.import_module(module), cls)(uri or default, sweep)
 
 
 def store_runs(engine: Any, sweep: str) -> int:
     import sqlalchemy as sa
 
     from ablate import store
-    from ablate.results.live import sweep_row
 
     with engine.connect() as conn:
         return conn.execute(sa.select(sa.func.count()).where(store.Run.sweep_id == sweep_row(engine, sweep).id)).scalar()
 
 
-__all__ = ["TARGETS", "Exported", "export_sweep"]
+__all__ = ["TARGETS", "Exported", "export_sweep", "require", "target_for"]

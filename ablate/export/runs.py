@@ -46,13 +46,21 @@ class ExportRun:
         return int(when.replace(tzinfo=dt.timezone.utc).timestamp() * 1000)
 
 
-def export_runs(engine: sa.Engine, sweep: str) -> Iterator[ExportRun]:
-    """The sweep's runs in trial order, read IN_CHUNK at a time with their curves (a 10,000-run sweep never sits
-    in memory whole)."""
+def sweep_of(engine: sa.Engine, run_id: int) -> str:
+    """The name of the sweep a run belongs to."""
+    with engine.connect() as conn:
+        return conn.execute(sa.select(store.Sweep.name).join(store.Run, store.Run.sweep_id == store.Sweep.id)
+                            .where(store.Run.id == run_id)).scalar_one()
+
+
+def export_runs(engine: sa.Engine, sweep: str, run_ids: list[int] | None = None) -> Iterator[ExportRun]:
+    """The sweep's runs (or those of `run_ids`) in trial order, read IN_CHUNK at a time with their curves (a
+    10,000-run sweep never sits in memory whole)."""
     sid = sweep_row(engine, sweep).id
     r = store.Run
+    only = () if run_ids is None else (r.id.in_(run_ids),)
     with engine.connect() as conn:
-        ids = conn.execute(sa.select(r.id).where(r.sweep_id == sid).order_by(r.trial_index)).scalars().all()
+        ids = conn.execute(sa.select(r.id).where(r.sweep_id == sid, *only).order_by(r.trial_index)).scalars().all()
     for start in range(0, len(ids), IN_CHUNK):
         chunk = ids[start:start + IN_CHUNK]
         with engine.connect() as conn:

@@ -42,7 +42,7 @@ def read_back(to: str, tmp: Path) -> dict[str, dict]:
                        "final": {k: v for k, v in run.data.metrics.items() if k.startswith("final_")},
                        "copies": prior + 1, "state": run.info.status}
     elif to == "tensorboard":
-        for folder in sorted(p for p in (tmp / "tensorboard" / "widths").iterdir() if p.is_dir()):
+        for folder in sorted(p for p in (tmp / "tensorboard" / "widths").iterdir() if p.is_dir() and p.name[0] != "."):
             fp = folder.name.rsplit("-", 1)[1]
             scalars, texts = tensorboard_scalars(folder), tensorboard_texts(folder)
             out[fp] = {"curves": {split: scalars.get(f"loss/{split}", []) for split in ("train", "eval")},
@@ -139,3 +139,33 @@ def test_a_hostile_sweep_name_never_leaves_the_export_folder(tmp_path):
     db = build(f"sqlite:///{tmp_path / 'r.db'}", tmp_path)
     out = export_sweep(db["hostile"], "tensorboard", str(tmp_path / "tb"), db["url"])
     assert out.runs == 8 and Path(out.where["logdir"]).parent == tmp_path / "tb"
+
+
+@pytest.mark.slow
+def test_follow_keeps_the_tracker_up_to_date_until_every_run_has_finished(tmp_path):
+    """`--follow`: the running run's new points reach TensorBoard while it trains, and the export ends by itself
+    when the run finishes."""
+    import threading
+
+    db = build(f"sqlite:///{tmp_path / 'r.db'}", tmp_path)
+    said: list[str] = []
+    result: dict = {}
+    follower = threading.Thread(target=lambda: result.update(out=export_sweep(
+        "widths", "tensorboard", _uri("tensorboard", tmp_path), db["url"], follow=0.2, say=said.append)))
+    follower.start()
+    running = db["runs"][db["ids"][-1]]
+    engine = store.connect(db["url"])
+    import time
+
+    time.sleep(1.0)
+    write_curve(engine, running.id, running.architecture, running.d_model, running.seed, range(202, 301, 2))
+    deadline = time.monotonic() + 30
+    while not said and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert said == ["1 run(s) moved: 52 new points sent"], said  # 50 train points, evals at 240 and 280
+    assert follower.is_alive()  # the run is still training: the export follows on
+    write_curve(engine, running.id, running.architecture, running.d_model, running.seed, range(302, 401, 2))
+    store.update_run(engine, running.id, status="completed", final_eval_loss=1.5, final_train_loss=1.4)
+    follower.join(30)
+    assert not follower.is_alive() and result["out"].runs == 8  # ended by itself once every run had finished
+    check("tensorboard", tmp_path, db["url"])  # every point once, the last status
