@@ -78,60 +78,122 @@ class Samples:
             return complete(model, tokenizer, prompt, trial.context, max_new=tokens)
 
 
+class Dashboard:
+    """What the endpoints read, each as a plain method returning JSON-ready data (make_app routes them): the
+    reader engine, the rows and study cached per change token, the loaded models of samples."""
+
+    def __init__(self, engine: sa.Engine, artifacts: Path | None) -> None:
+        self.engine, self.artifacts = engine, artifacts
+        self.cache = Cache()
+        self.samples = Samples(engine, artifacts)
+
+    def rows_of(self, sweep: str) -> tuple[str, list[dict[str, Any]], list[str]]:
+        """The change token, the sweep's rows and the table's columns (read again only when the token moved)."""
+        row = live.sweep_row(self.engine, sweep)
+        now, _ = live.change_tokens(self.engine, row.id)
+
+        def read() -> tuple[list[dict[str, Any]], list[str]]:
+            rows = live.run_rows(self.engine, row.id)
+            return rows, table.columns(rows)
+
+        return now, *self.cache.get("rows", row.id, now, read)
+
+    def sweeps(self) -> dict[str, Any]:
+        return {"sweeps": live.sweep_summaries(self.engine), "searches": searches.search_summaries(self.engine)}
+
+    def search(self, name: str) -> dict[str, Any]:
+        with self.engine.connect() as conn:
+            sweep = conn.execute(sa.select(store.Sweep.name).where(store.Sweep.name == name)).scalar()
+        return {**searches.search_trials(self.engine, name), "sweep": sweep}
+
+    def token(self, sweep: str) -> dict[str, Any]:
+        now, finished = live.change_tokens(self.engine, live.sweep_row(self.engine, sweep).id)
+        return {"token": now, "finished": finished}
+
+    def runs(self, sweep: str, filter: str = "", sort: str = "", offset: int = 0,  # noqa: A002 - the query's name
+             limit: int = PAGE_ROWS) -> dict[str, Any]:
+        now, rows, cols = self.rows_of(sweep)
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
+        return {**table.page(rows, filter, sort, offset, max(1, min(limit, 500)), cols), "token": now,
+                "counts": dict(sorted(counts.items()))}
+
+    def curves(self, sweep: str, filter: str = "", sort: str = "", x: str = "steps",  # noqa: A002
+               y: str = "eval", group: str = "seeds") -> dict[str, Any]:
+        now, rows, cols = self.rows_of(sweep)
+        groups = _groups(table.selected(rows, filter, sort), group, cols)
+        shown = dict(list(groups.items())[:MAX_SERIES])
+        each = max(1, MAX_CURVE_RUNS // max(1, len(shown)))
+        read = {label: ids[:each] for label, ids in shown.items()}
+        series = live.curves(self.engine, [i for ids in read.values() for i in ids], x, y)
+        notes = []
+        if len(groups) > MAX_SERIES:
+            notes.append(f"showing the first {MAX_SERIES} of {len(groups):,} curves (the table's order): filter to narrow")
+        if any(len(ids) > each for ids in shown.values()):
+            notes.append(f"a curve averages at most {each:,} runs, the first in the table's order "
+                         f"({sum(map(len, read.values())):,} of {sum(map(len, shown.values())):,} runs read)")
+        return {"series": live.group_curves(series, read), "note": "; ".join(notes), "token": now, "x": x, "y": y}
+
+    def study(self, sweep: str) -> dict[str, Any]:
+        row = live.sweep_row(self.engine, sweep)
+        _, finished = live.change_tokens(self.engine, row.id)
+        return self.cache.get("study", row.id, finished, lambda: _study(self.engine, row.name), every=STUDY_EVERY)
+
+    def run(self, run_id: int) -> dict[str, Any]:
+        return _run(self.engine, run_id, self.artifacts)
+
+    def sample(self, run_id: int, prompt: str = "Once upon a time", tokens: int = 48) -> dict[str, Any]:
+        return {"prompt": prompt, "completion": self.samples.complete(run_id, prompt, tokens)}
+
+    def run_curves(self, run_id: int, x: str = "steps") -> dict[str, Any]:
+        return {split: [{"label": split, "x": c[0], "mean": c[1], "low": None, "high": None}
+                        for c in live.curves(self.engine, [run_id], x, split).values()] for split in ("train", "eval")}
+
+
 def make_app(engine: sa.Engine, artifacts: Path | None = None, token: str | None = None, label: str | None = None
              ) -> Any:
     """The dashboard over `engine` (a reader; `label`: the database as its header names it). With `token`, every
     request must carry it (`?token=` once, which sets a cookie, or `Authorization: Bearer`)."""
-    import jinja2
-    from fastapi import FastAPI, Request
-    from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
+    from fastapi import FastAPI, Response
+    from fastapi.responses import JSONResponse
     from fastapi.staticfiles import StaticFiles
 
     app = FastAPI(title="ablate", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
-    pages = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
-    cache = Cache()
-    samples = Samples(engine, artifacts)
-    db_text = label or store.describe_url(str(engine.url))
+    app.middleware("http")(_guard(token))
+    board = Dashboard(engine, artifacts)
+    _pages(app, engine, label or store.describe_url(str(engine.url)))
+    app.get("/favicon.ico")(lambda: Response(status_code=204))
+    for path, read in (("/api/sweeps", board.sweeps), ("/api/search", board.search), ("/api/token", board.token),
+                       ("/api/runs", board.runs), ("/api/curves", board.curves), ("/api/study", board.study),
+                       ("/api/run/{run_id}", board.run), ("/api/run/{run_id}/sample", board.sample),
+                       ("/api/run/{run_id}/curves", board.run_curves)):
+        app.get(path)(read)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Any:
-        if token is not None:
-            given = request.query_params.get("token")
-            if given is not None and _same(given, token):
-                url = request.url.remove_query_params("token")
-                response = RedirectResponse(str(url), status_code=303)
-                response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
-                return response
-            sent = request.cookies.get(COOKIE) or request.headers.get("authorization", "").removeprefix("Bearer ")
-            if not sent or not _same(sent, token):
-                return PlainTextResponse("ablate ui: this server needs its token: open it once with ?token=TOKEN "
-                                         "(the --token or ABLATE_UI_TOKEN it was started with)", status_code=401)
-        if request.method not in ("GET", "HEAD"):
-            return PlainTextResponse("ablate ui only reads: no request here writes", status_code=405)
-        response = await call_next(request)
-        response.headers.update(HEADERS if not request.url.path.startswith("/static/") else
-                                {k: v for k, v in HEADERS.items() if k != "Cache-Control"})
-        return response
+    @app.exception_handler(AblateError)
+    def refused(_request: Any, exc: AblateError) -> JSONResponse:
+        return JSONResponse({"error": store.redact(str(exc))}, status_code=400, headers=HEADERS)
+
+    @app.exception_handler(sa.exc.OperationalError)
+    def unreachable(_request: Any, exc: sa.exc.OperationalError) -> JSONResponse:
+        """The database went away (a stopped server, a removed file): one line the page shows, and it retries."""
+        said = store.explain(exc, str(engine.url)) or str(exc.orig).splitlines()[0][:300]
+        return JSONResponse({"error": "the results DB cannot be read now: " + store.redact(said)}, status_code=503,
+                            headers=HEADERS)
+
+    return app
+
+
+def _pages(app: Any, engine: sa.Engine, db_text: str) -> None:
+    """The four HTML pages: skeletons (autoescaped) that the page script fills from the JSON endpoints."""
+    import jinja2
+    from fastapi.responses import HTMLResponse
+
+    pages = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
 
     def html(template: str, **context: Any) -> HTMLResponse:
         return HTMLResponse(pages.get_template(template).render(db=db_text, **context))
-
-    def rows_of(sweep: Any) -> tuple[str, list[dict[str, Any]], list[str]]:
-        """The sweep's rows and the table's columns, read again only when the change token moved."""
-        now, _ = live.change_tokens(engine, sweep.id)
-
-        def read() -> tuple[list[dict[str, Any]], list[str]]:
-            rows = live.run_rows(engine, sweep.id)
-            return rows, table.columns(rows)
-
-        return now, *cache.get("rows", sweep.id, now, read)
-
-    @app.get("/favicon.ico")
-    def favicon() -> Any:
-        from fastapi.responses import Response
-
-        return Response(status_code=204)
 
     @app.get("/", response_class=HTMLResponse)
     def sweeps_page() -> HTMLResponse:
@@ -150,71 +212,30 @@ def make_app(engine: sa.Engine, artifacts: Path | None = None, token: str | None
     def search_page(name: str) -> HTMLResponse:
         return html("search.html.j2", name=name)
 
-    @app.get("/api/sweeps")
-    def api_sweeps() -> dict[str, Any]:
-        return {"sweeps": live.sweep_summaries(engine), "searches": searches.search_summaries(engine)}
 
-    @app.get("/api/search")
-    def api_search(name: str) -> dict[str, Any]:
-        with engine.connect() as conn:
-            sweep = conn.execute(sa.select(store.Sweep.name).where(store.Sweep.name == name)).scalar()
-        return {**searches.search_trials(engine, name), "sweep": sweep}
+def _guard(token: str | None) -> Any:
+    """The middleware in front of every request: the token (when one is set), GET only, the security headers."""
+    from fastapi.responses import PlainTextResponse, RedirectResponse
 
-    @app.get("/api/token")
-    def api_token(sweep: str) -> dict[str, Any]:
-        now, finished = live.change_tokens(engine, live.sweep_row(engine, sweep).id)
-        return {"token": now, "finished": finished}
+    async def guard(request: Any, call_next: Any) -> Any:
+        if token is not None:
+            given = request.query_params.get("token")
+            if given is not None and _same(given, token):
+                response = RedirectResponse(str(request.url.remove_query_params("token")), status_code=303)
+                response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+                return response
+            sent = request.cookies.get(COOKIE) or request.headers.get("authorization", "").removeprefix("Bearer ")
+            if not sent or not _same(sent, token):
+                return PlainTextResponse("ablate ui: this server needs its token: open it once with ?token=TOKEN "
+                                         "(the --token or ABLATE_UI_TOKEN it was started with)", status_code=401)
+        if request.method not in ("GET", "HEAD"):
+            return PlainTextResponse("ablate ui only reads: no request here writes", status_code=405)
+        response = await call_next(request)
+        response.headers.update(HEADERS if not request.url.path.startswith("/static/") else
+                                {k: v for k, v in HEADERS.items() if k != "Cache-Control"})
+        return response
 
-    @app.get("/api/runs")
-    def api_runs(sweep: str, filter: str = "", sort: str = "", offset: int = 0, limit: int = PAGE_ROWS) -> dict[str, Any]:
-        now, rows, cols = rows_of(live.sweep_row(engine, sweep))
-        counts: dict[str, int] = {}
-        for r in rows:
-            counts[r["status"]] = counts.get(r["status"], 0) + 1
-        return {**table.page(rows, filter, sort, offset, max(1, min(limit, 500)), cols), "token": now,
-                "counts": dict(sorted(counts.items()))}
-
-    @app.get("/api/curves")
-    def api_curves(sweep: str, filter: str = "", sort: str = "", x: str = "steps", y: str = "eval",
-                   group: str = "seeds") -> dict[str, Any]:
-        now, rows, cols = rows_of(live.sweep_row(engine, sweep))
-        groups = _groups(table.selected(rows, filter, sort), group, cols)
-        shown = dict(list(groups.items())[:MAX_SERIES])
-        each = max(1, MAX_CURVE_RUNS // max(1, len(shown)))
-        read = {label: ids[:each] for label, ids in shown.items()}
-        series = live.curves(engine, [i for ids in read.values() for i in ids], x, y)
-        notes = []
-        if len(groups) > MAX_SERIES:
-            notes.append(f"showing the first {MAX_SERIES} of {len(groups):,} curves (the table's order): filter to narrow")
-        if any(len(ids) > each for ids in shown.values()):
-            notes.append(f"a curve averages at most {each:,} runs, the first in the table's order "
-                         f"({sum(map(len, read.values())):,} of {sum(map(len, shown.values())):,} runs read)")
-        return {"series": live.group_curves(series, read), "note": "; ".join(notes), "token": now, "x": x, "y": y}
-
-    @app.get("/api/study")
-    def api_study(sweep: str) -> dict[str, Any]:
-        row = live.sweep_row(engine, sweep)
-        _, finished = live.change_tokens(engine, row.id)
-        return cache.get("study", row.id, finished, lambda: _study(engine, row.name), every=STUDY_EVERY)
-
-    @app.get("/api/run/{run_id}")
-    def api_run(run_id: int) -> dict[str, Any]:
-        return _run(engine, run_id, artifacts)
-
-    @app.get("/api/run/{run_id}/sample")
-    def api_run_sample(run_id: int, prompt: str = "Once upon a time", tokens: int = 48) -> dict[str, Any]:
-        return {"prompt": prompt, "completion": samples.complete(run_id, prompt, tokens)}
-
-    @app.get("/api/run/{run_id}/curves")
-    def api_run_curves(run_id: int, x: str = "steps") -> dict[str, Any]:
-        return {split: [{"label": split, "x": c[0], "mean": c[1], "low": None, "high": None}
-                        for c in live.curves(engine, [run_id], x, split).values()] for split in ("train", "eval")}
-
-    @app.exception_handler(AblateError)
-    def refused(_request: Any, exc: AblateError) -> JSONResponse:
-        return JSONResponse({"error": store.redact(str(exc))}, status_code=400, headers=HEADERS)
-
-    return app
+    return guard
 
 
 def _same(given: str, token: str) -> bool:

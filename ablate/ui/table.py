@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ablate.config.errors import AblateError
+from ablate.results.views import _sort_key
 
 FIRST = ("run", "status", "progress")  # before the axes
 LAST = ("steps", "train", "eval", "epochs", "reason")  # after them
@@ -28,7 +29,7 @@ def columns(rows: list[dict[str, Any]]) -> list[str]:
     keys: dict[str, None] = {}
     for r in rows:
         keys.update(dict.fromkeys(k for k in r if k not in FIRST and k not in LAST))
-    varying = [k for k in keys if len({_key(r.get(k)) for r in rows}) > 1]
+    varying = [k for k in keys if len({repr(r.get(k)) for r in rows}) > 1]
     return [*FIRST, *varying, *LAST]
 
 
@@ -78,11 +79,6 @@ def _number(v: Any) -> float | None:
         return None
 
 
-def _key(v: Any) -> tuple:
-    n = _number(v)
-    return (0, n, "") if n is not None else (1, 0.0, "" if v is None else str(v))
-
-
 def sort_rows(rows: list[dict[str, Any]], sort: str, known: list[str]) -> list[dict[str, Any]]:
     """Rows sorted by a column (`-column`: descending); empty cells always last."""
     if not sort:
@@ -92,7 +88,7 @@ def sort_rows(rows: list[dict[str, Any]], sort: str, known: list[str]) -> list[d
         raise AblateError(f"sort: no column {key!r}; columns: {', '.join(known)}")
     present = [r for r in rows if r.get(key) is not None]
     empty = [r for r in rows if r.get(key) is None]
-    return sorted(present, key=lambda r: _key(r[key]), reverse=sort.startswith("-")) + empty
+    return sorted(present, key=lambda r: _sort_key(r[key]), reverse=sort.startswith("-")) + empty
 
 
 def page(rows: list[dict[str, Any]], text: str, sort: str, offset: int, limit: int,

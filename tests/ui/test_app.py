@@ -214,3 +214,22 @@ def test_a_db_without_searches_lists_none(tmp_path):
     runner.register(spec_file(tmp_path, "only"), url)
     data = TestClient(make_app(store.reader(url))).get("/api/sweeps").json()
     assert data["searches"] == [] and [s["name"] for s in data["sweeps"]] == ["only"]
+
+
+def test_a_database_that_goes_away_is_one_line_the_page_shows(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from ablate import runner
+    from tests.ui.conftest import spec_file
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    runner.register(spec_file(tmp_path, "gone"), url)
+    store.migrate.close_engines()
+    reader = store.reader(url)
+    client = TestClient(make_app(reader))
+    assert client.get("/api/sweeps").status_code == 200
+    for path in tmp_path.glob("r.db*"):
+        path.unlink()
+    reader.dispose()
+    gone = client.get("/api/runs", params={"sweep": "gone"})
+    assert gone.status_code == 503 and gone.json()["error"].startswith("the results DB cannot be read now: ")
