@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -37,7 +37,9 @@ class Settings(BaseModel):
     code_version: str | None = Field(None, description="the code version stamped into a container image at build time")
     # how runs are started and watched (every host of a sweep must agree on the timings)
     gpus_per_trial: int = Field(1, ge=1, description="GPUs each trial gets on `ablate worker` (--gpus-per-trial beats it)")
-    warm_trainer: bool = Field(True, description="0: every trainer starts cold (never forked from the warm helper)")
+    # 0: never; unset or 1 (True): where no GPU is visible; "always": where GPUs are visible too (the node check)
+    warm_trainer: bool | Literal["always"] = Field(
+        True, description="0: every trainer starts cold; always: forked on GPU hosts too (unset or 1: only where no GPU is visible)")
     heartbeat_seconds: float = Field(10.0, gt=0, description="how often a running trial says it is alive")
     stale_seconds: float = Field(90.0, gt=0, description="silence after which a running trial counts as dead")
     cancel_grace_seconds: float = Field(120.0, gt=0, description="how long a stopped trainer may take before it is killed")
@@ -62,7 +64,11 @@ class Settings(BaseModel):
     @field_validator("warm_trainer", mode="before")
     @classmethod
     def _only_zero_disables(cls, value: Any) -> Any:
-        return str(value).strip() != "0" if isinstance(value, str) else value
+        """0: False (never); "always": "always" (GPU hosts too); anything else: True (only where no GPU is seen)."""
+        if not isinstance(value, str):
+            return value
+        value = value.strip()
+        return "always" if value.lower() == "always" else value != "0"
 
     @field_validator("runner_pid", mode="before")
     @classmethod

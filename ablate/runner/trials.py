@@ -89,10 +89,10 @@ def start_trainer(command: list[str], env: dict[str, str], log: Any, log_path: P
                   warm_ok: bool = True) -> Any:
     """The trainer process, in its own process group (cancel and Ctrl-C signal it, and torchrun's ranks).
 
-    A single-process trainer on a host without a visible GPU is forked from this runner's warm helper
-    (ablate/run/warm.py: the imports are done once per runner, not once per trial); otherwise, with `warm_ok`
-    false, or if the helper cannot start, a fresh `python -m ablate.train`. Either has `pid`, `poll()` and
-    `wait(timeout)`."""
+    A single-process trainer on a host without a visible GPU (or on any host with ABLATE_WARM_TRAINER=always) is
+    forked from this runner's warm helper (ablate/runner/warm.py: the imports are done once per runner, not once per
+    trial); otherwise, with `warm_ok` false, or if the helper cannot start, a fresh `python -m ablate.train`. Either
+    has `pid`, `poll()` and `wait(timeout)`."""
     from ablate.runner import warm  # on first use: the helper runs that module as __main__, which must not import it first
 
     if warm_ok and command[1:3] == ["-m", "ablate.train"] and warm.enabled():

@@ -8,10 +8,18 @@ single-process trial to this helper instead: the forked child starts with every 
 session like a cold trainer, so signals, cancellation and outcome classification work unchanged.
 
 The helper never runs a tensor operation (no thread pool is started before a fork) and never touches
-CUDA. It is used only where no GPU is visible: CUDA after fork is not tested (no GPU where this was
-written), and trainers on GPU hosts stay cold processes, as do torchrun trials. ABLATE_WARM_TRAINER=0
-turns it off everywhere. Protocol: JSON lines, requests on the helper's stdin, replies and exits on its
-stdout.
+CUDA: each forked child initialises CUDA itself, which works only if the helper neither initialised it nor
+asked the CUDA runtime anything (torch's default `torch.cuda.is_available()` calls cuInit and poisons every
+later fork: "Cannot re-initialize CUDA in forked subprocess"). So the helper runs with
+PYTORCH_NVML_BASED_CUDA_CHECK=1 (an import that asks `is_available()` gets NVML's answer, which poisons
+nothing), and after its preload it checks both: `torch.cuda.is_initialized()`, and a probe child forked
+then asks torch whether it is in a bad fork. Its ready message reports them (`cuda_initialized`,
+`cuda_fork_safe`); a helper that fails either is not used (the runner's trainers start cold).
+
+ABLATE_WARM_TRAINER: unset or 1, the helper is used only where no GPU is visible (trainers on GPU hosts stay
+cold processes: CUDA after a fork is measured by the node check, tests/gpu/test_cuda.py, not assumed);
+`always`, on GPU hosts too; 0, never. Torchrun trials are always cold processes. Protocol: JSON lines,
+requests on the helper's stdin, replies and exits on its stdout.
 """
 
 from __future__ import annotations
@@ -56,6 +64,21 @@ def _preload() -> None:
         models.family(name)
     for objective in registry.objectives().values():  # and each objective's
         objective.load()
+
+
+def _cuda_state() -> dict[str, bool]:
+    """Whether this process initialised CUDA, and whether a child forked now could (torch marks a fork after
+    a CUDA runtime call as bad: its first CUDA use raises). Asked without touching CUDA; a CPU build says
+    False, True."""
+    import torch
+
+    initialized = torch.cuda.is_initialized()
+    in_bad_fork = getattr(torch.cuda, "_is_in_bad_fork", lambda: False)
+    pid = os.fork()
+    if pid == 0:  # the probe: answers by its exit code, runs nothing else
+        os._exit(1 if in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return {"cuda_initialized": bool(initialized), "cuda_fork_safe": os.waitstatus_to_exitcode(status) == 0}
 
 
 def _child(request: dict[str, Any], protocol_fd: int) -> None:
@@ -110,7 +133,8 @@ def serve() -> int:
         out.write(json.dumps(message) + "\n")
 
     tasks = Path("/proc/self/task")  # every thread, native ones too: a fork is safe only from a single thread
-    say({"ready": os.getpid(), "threads": len(os.listdir(tasks)) if tasks.exists() else threading.active_count()})
+    say({"ready": os.getpid(), "threads": len(os.listdir(tasks)) if tasks.exists() else threading.active_count(),
+         **_cuda_state()})
     pending = b""
     alive: set[int] = set()
     while True:
@@ -172,7 +196,10 @@ class WarmTrainer:
     def __init__(self, log: Path | None = None) -> None:
         # numpy's OpenBLAS starts its thread pool at import; one thread keeps the helper single-threaded when it
         # forks (the trainers compute with torch, whose pools start in the child; numpy only indexes data)
-        env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1"}
+        # NVML for `torch.cuda.is_available()` in the helper: the CUDA runtime's answer would poison every fork
+        # (a trainer's own environment replaces this one in the child, where CUDA is initialised for real)
+        env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1",
+               "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
         err = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the helper keeps it
         self.proc = subprocess.Popen([sys.executable, "-m", "ablate.runner.warm"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
@@ -191,6 +218,9 @@ class WarmTrainer:
         if self.ready is None:
             self.close()
             raise RuntimeError("the warm trainer did not start" + (f" (see {log})" if log else ""))
+        if self.ready.get("cuda_initialized") or not self.ready.get("cuda_fork_safe", True):
+            self.close()  # its children could not use CUDA: every trainer would fail
+            raise RuntimeError(f"the warm trainer's imports touched CUDA, so its forks could not use it ({self.ready})")
 
     def _read(self) -> None:
         try:
@@ -265,11 +295,15 @@ _GPUS: int | None = None
 
 
 def enabled() -> bool:
-    """Whether this host forks trainers from a warm helper (Linux, no visible GPU, not ABLATE_WARM_TRAINER=0)."""
-    if not environment().warm_trainer or _FAILED:
+    """Whether this host forks trainers from a warm helper: on Linux, unless ABLATE_WARM_TRAINER=0, where no GPU
+    is visible (or, with ABLATE_WARM_TRAINER=always, where GPUs are visible too)."""
+    mode = environment().warm_trainer
+    if not mode or _FAILED:
         return False
     if not sys.platform.startswith("linux"):  # fork after importing torch is unsafe on macOS
         return False
+    if mode == "always":
+        return True
     global _GPUS
     if _GPUS is None:
         _GPUS = host.visible_gpus()  # nvidia-smi once per process

@@ -26,12 +26,15 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
+    """Every generator as `rng_state` saved it. The states are read on the host: a checkpoint loaded with
+    map_location on a GPU has them there, and torch takes an RNG state only as a CPU ByteTensor."""
+    torch.set_rng_state(state["torch"].cpu())
     n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    np.random.set_state((n["kind"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: Any, scaler: Any, progress: Progress,

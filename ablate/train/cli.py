@@ -25,13 +25,13 @@ from ablate.config.settings import environment
 
 def _init_dist() -> Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    if world <= 1 and "RANK" not in os.environ:  # a plain process; torchrun sets RANK, for one process too
         return Dist()
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)
     # the loop's per-step decisions go over gloo as host values, beside NCCL's device tensors (on CPU too: one path)
-    return Dist(rank=rank, world=world, local_rank=local, control=dist.new_group(backend="gloo"))
+    return Dist(rank=rank, world=world, local_rank=local, control=dist.new_group(backend="gloo"), distributed=True)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                             resume=not args.no_resume, progress=not args.quiet, device=args.device,
                             threads=args.threads, claimant=claimant, db_id=db_id)
         outcome = train(trial, settings, dist_)
-        if dist_.world > 1:  # no rank tears gloo/NCCL down while another still writes its end (SIGABRT at exit)
+        if dist_.distributed:  # no rank tears gloo/NCCL down while another still writes its end (SIGABRT at exit)
             dist.barrier()
         if dist_.is_main:
             print(json.dumps({k: v for k, v in outcome.items() if k not in ("notes", "finished_at")}, default=str))
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {store.redact(message)}", file=sys.stderr)
         return 2 if isinstance(exc, AblateError) else 1
     finally:
-        if dist_.world > 1 and dist.is_initialized():
+        if dist_.distributed and dist.is_initialized():
             dist.destroy_process_group()
 
 

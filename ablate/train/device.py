@@ -13,7 +13,10 @@ from ablate.train.state import Dist, Settings
 
 def pick_device(settings: Settings, dist_: Dist) -> torch.device:
     if settings.device:
-        return torch.device(settings.device)
+        device = torch.device(settings.device)
+        if device.type == "cuda" and device.index is None:  # `--device cuda`: this rank's GPU (set_device and DDP's
+            device = torch.device("cuda", dist_.local_rank)  # device_ids need an index; torch.device("cuda") has none)
+        return device
     if torch.cuda.is_available():
         return torch.device("cuda", dist_.local_rank)
     return torch.device("cpu")

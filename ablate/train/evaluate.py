@@ -37,7 +37,7 @@ def evaluate(objective: torch.nn.Module, rows: Any, trial: TrialConfig, device: 
         total[1] += c.double()
         if correct is not None:
             total[2] += correct.double()
-    if dist_.world > 1:
+    if dist_.distributed:
         dist.all_reduce(total)
     objective.train()
     s, c, right = total.tolist()

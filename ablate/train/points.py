@@ -60,7 +60,7 @@ def checkpoint(t: Any, interval: tuple[torch.Tensor, torch.Tensor]) -> None:
             save_checkpoint(t.ckpt_path, t.model, t.optimizer, t.scaler, progress, t.identity)
         except AblateError as exc:  # raised after the barrier: the other ranks do not wait for rank 0 forever
             failed = exc
-    if t.dist.world > 1:
+    if t.dist.distributed:
         dist.barrier()
     if failed is not None:
         raise failed

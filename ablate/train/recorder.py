@@ -38,7 +38,7 @@ class PendingLosses:
 
     def add(self, loss_sum: torch.Tensor, count: torch.Tensor, **point: Any) -> None:
         both = torch.stack([loss_sum.float(), count.float()])  # a copy: the caller zeroes its running sums
-        if self.dist.world > 1:
+        if self.dist.distributed:
             dist.all_reduce(both)
         self.items.append((point, both))
 

@@ -49,6 +49,9 @@ class Dist:
     # a gloo group for the loop's decisions (budget fraction, stop, log, eval, checkpoint): host values agreed on
     # the host, so agreeing on them every step never waits for the GPU (NCCL would need the flags on the device)
     control: Any = None
+    # a process group is up (torchrun started this rank, with one process too): DDP wraps the model and the
+    # collectives run, so `torchrun --nproc_per_node 1` takes the multi-GPU path (NCCL) on a single GPU
+    distributed: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -56,7 +59,7 @@ class Dist:
 
     def agree(self, *values: float) -> list[float]:
         """The largest of each value over the ranks (one tiny host-side all-reduce; itself without DDP)."""
-        if self.world == 1:
+        if not self.distributed:
             return [float(v) for v in values]
         both = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.control)

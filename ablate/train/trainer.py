@@ -75,6 +75,8 @@ class Trainer:
         self.progress = Progress()
         if self.hardware.get("mismatch"):
             self.progress.notes["hardware"] = self.hardware
+        if dist_.distributed:  # the run says how its ranks talked (NCCL on GPUs, gloo on CPUs)
+            self.progress.notes["distributed"] = {"world": dist_.world, "backend": torch.distributed.get_backend()}
         self.flops_per_token: float | None = None
 
     # ---------------------------------------------------------------- setup
@@ -110,7 +112,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
         # DDP and compile wrap the model together with its loss: every objective's forward goes through them
         wrapped: torch.nn.Module = objectives.Objective(trial, self.model)
-        if self.dist.world > 1:
+        if self.dist.distributed:
             wrapped = torch.nn.parallel.DistributedDataParallel(
                 wrapped, device_ids=[device.index] if device.type == "cuda" else None)
         self.wrapped = torch.compile(wrapped) if self.compiled else wrapped
@@ -179,7 +181,7 @@ class Trainer:
         count = torch.zeros((), device=device)
         for k, (ids, labels) in enumerate(micro):
             is_last = k == len(micro) - 1
-            no_sync = world > 1 and not is_last and hasattr(self.wrapped, "no_sync")
+            no_sync = self.dist.distributed and not is_last and hasattr(self.wrapped, "no_sync")
             with self.wrapped.no_sync() if no_sync else _null(), autocast(device, self.precision):
                 s, c, aux, _ = self.wrapped(ids, labels)
             # token-weighted over the whole step, not a mean of micro-batch means; a model's own losses (router

@@ -59,6 +59,14 @@ def test_defaults_and_typed_values(monkeypatch):
     assert environment().runner_pid == 4242
 
 
+def test_warm_trainer_is_never_auto_or_always(monkeypatch):
+    """ABLATE_WARM_TRAINER: 0 never (False), `always` on GPU hosts too, anything else auto (True: no GPU visible)."""
+    for value, expected in (("0", False), (" 0 ", False), ("1", True), ("yes", True), ("always", "always"),
+                            (" ALWAYS", "always")):
+        monkeypatch.setenv("ABLATE_WARM_TRAINER", value)
+        assert environment().warm_trainer == expected, value
+
+
 def test_parsed_once_per_environment(monkeypatch):
     monkeypatch.setenv("ABLATE_STALE_SECONDS", "30")
     first = environment()
