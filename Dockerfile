@@ -15,11 +15,11 @@ ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cu126
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
 
-# then the dependencies (from pyproject.toml alone, with empty packages; the CMA-ES sampler and the benchmark's
-# HF Trainer as extras), then the code; bench/ runs from /app as `python -m bench`, not installed
+# then the dependencies (from pyproject.toml alone, with empty packages; the orchestrator, the CMA-ES sampler and the
+# benchmark's HF Trainer as extras), then the code; bench/ runs from /app as `python -m bench`, not installed
 WORKDIR /app
 COPY pyproject.toml README.md ./
-RUN mkdir -p ablate flows && touch ablate/__init__.py flows/__init__.py && pip install -e ".[cmaes,bench]"
+RUN mkdir -p ablate flows && touch ablate/__init__.py flows/__init__.py && pip install -e ".[prefect,cmaes,bench]"
 COPY ablate ./ablate
 COPY flows ./flows
 COPY bench ./bench

@@ -1,6 +1,7 @@
 """`python -m bench all --out DIR [--quick] [--device cpu|cuda]`: the whole suite (see bench/suite.py).
 
-Also: `python -m bench models|train|data|orchestration|db|trial_cost|ui [args]` run the single scripts.
+Also: `python -m bench models|train|data|orchestration|db|trial_cost|ui [args]` run the single scripts, and
+`python -m bench gpu --out DIR` checks a GPU node in one command (bench/gpu.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "gpu":  # the node check: bench/gpu.py
+        from bench.gpu import main as gpu_main
+
+        return gpu_main(argv[1:])
     if argv and argv[0] in ("models", "train", "data", "orchestration", "db", "trial_cost", "ui"):
         import importlib
 

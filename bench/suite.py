@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import platform
 import tempfile
 import time
@@ -28,6 +27,7 @@ from ablate.train import budget as bud
 from ablate import models
 from ablate.objectives.base import causal_lm_loss
 from ablate.config import TrialConfig, registry
+from bench.gpu_report import cell as _cell
 
 VOCAB = 4096
 
@@ -83,6 +83,23 @@ def throughput(device: torch.device, quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def training_step(model: torch.nn.Module, t: TrialConfig, device: torch.device, use_compile: bool = False) -> Any:
+    """One step of `model` on a fixed random batch of the trial's shape: bf16 autocast on CUDA (fp32 on CPU), the
+    LM loss, fused AdamW on CUDA. What the throughput table times and the node check's profile records."""
+    step_model = torch.compile(model) if use_compile else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    x = torch.randint(0, VOCAB, (t.batch_size, t.context), device=device)
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            s, c = causal_lm_loss(step_model(x), x)
+        (s / c).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
 def _time_model(t: TrialConfig, device: torch.device, use_compile: bool, seconds: float) -> dict[str, Any]:
     row: dict[str, Any] = {"arch": t.architecture + "".join(f" {k}={v}" for k, v in t.options.items()),
                            "d_model": t.d_model, "compile": use_compile}
@@ -90,17 +107,7 @@ def _time_model(t: TrialConfig, device: torch.device, use_compile: bool, seconds
         torch.manual_seed(0)
         model = models.build(t, VOCAB).to(device)
         fpt = flops_per_token(model, t)
-        step_model = torch.compile(model) if use_compile else model
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-        x = torch.randint(0, VOCAB, (t.batch_size, t.context), device=device)
-
-        def step() -> None:
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                s, c = causal_lm_loss(step_model(x), x)
-            (s / c).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
+        step = training_step(model, t, device, use_compile)
         for _ in range(3):
             step()
         _sync(device)
@@ -264,20 +271,6 @@ def markdown(result: dict[str, Any]) -> str:
             out.append("| " + " | ".join(_cell(r.get(c)) for c in cols) + " |")
         out.append("")
     return "\n".join(out)
-
-
-def _cell(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "-"
-        return f"{v:.3f}" if abs(v) < 10 else f"{v:,.0f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
 
 
 def run_all(out: Path, quick: bool = False, device: str = "auto", parts: tuple[str, ...] = ("throughput", "ways", "context_memory")) -> dict[str, Any]:

@@ -16,11 +16,12 @@ def readme_commands() -> list[str]:
 def test_ci_runs_the_readme_main_job_and_test_command():
     install_and_main, tests = readme_commands()
     ci = (REPO / ".ci" / "run").read_text()
-    main_job = install_and_main.split("pip install -e . && ")[1]
+    main_job = install_and_main.split('pip install -e ".[prefect]" && ')[1]
     assert main_job in ci, f"{main_job!r} is not in .ci/run"
     assert tests in ci.splitlines(), f"{tests!r} is not a line of .ci/run"
     torch_line = re.search(r"pip install (torch==\S+ --extra-index-url \S+)", install_and_main).group(1)
     assert f"pip install -q {torch_line}" in ci  # the CPU build, as the README installs it
+    assert 'pip install -q -e ".[prefect]"' in ci  # the orchestrator is an extra: command 1 needs it
 
 
 def test_files_the_readme_names_exist():

@@ -17,7 +17,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from ablate.cli import check, cluster, db, export, plan, report, search, sweep, ui
+from ablate.cli import bundle, check, cluster, db, export, plan, report, search, sweep, ui
 from ablate.cli.common import (DB, STATUS_ROWS, Ordered, console, db_option, err_console, human_count, human_seconds,
                                print_rows)
 from ablate.cli.plan import KNOWN_VOCABS, _param_counts, objective_label
@@ -93,7 +93,7 @@ def cli() -> None:
 
 for _command in (plan.plan, cluster.worker, db.sql, db.db_command, sweep.sweep_group, search.search_group,
                  report.report, report.generate, report.retrieval, ui.ui, export.export, cluster.deploy,
-                 db.models_command, check.check_command):
+                 db.models_command, check.check_command, bundle.bundle):
     cli.add_command(_command)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ablate.cli.common import about, console, db_option
+from ablate.cli.common import about, console, db_option, require_prefect
 from ablate.config.errors import AblateError
 from ablate.config.settings import environment
 
@@ -24,6 +24,7 @@ def worker(pool: str, gpus_per_trial: int, slots: int) -> int:
     """Prefect workers for a work pool on this machine: one per group of --gpus-per-trial GPUs, each running at
     most one trial at a time on its own CUDA_VISIBLE_DEVICES (no two trials share a GPU); on a machine without
     GPUs, one worker running --slots trials at once. Stops them all on Ctrl-C / SIGTERM."""
+    require_prefect("ablate worker")
     groups = gpu_groups(gpus_per_trial)
     limit = 1 if groups else slots
     procs = [_start_worker(pool, group, limit) for group in groups or [None]]
@@ -107,6 +108,7 @@ def _prefect_command() -> str:
 @db_option()
 def deploy(sweeps: str, pools: tuple[str, ...], artifacts: str | None, slots: tuple[str, ...], db: str | None) -> int:
     """Register Prefect deployments on the server at PREFECT_API_URL."""
+    require_prefect("ablate deploy")
     from pathlib import Path
 
     from flows.deploy import deploy_all

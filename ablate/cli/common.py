@@ -36,6 +36,18 @@ def about(summary: str, *arguments: str) -> dict[str, str]:
 # ---------------------------------------------------------------- --db, anywhere on the command line
 
 
+def require_prefect(command: str) -> None:
+    """Prefect is the `prefect` extra: a node that only trains (an offline bundle without it) says so here, before
+    anything is registered or started."""
+    import importlib.util
+
+    if importlib.util.find_spec("prefect") is None:
+        from ablate.config.errors import AblateError
+
+        raise AblateError(f"`{command}` runs on Prefect, which is not installed here: pip install 'ablate[prefect]' "
+                          "(offline: build the bundle with `ablate bundle --with prefect`)")
+
+
 def _remember_db(ctx: click.Context, _: click.Parameter, value: str | None) -> str | None:
     """--db may come before or after the command (`ablate --db X sql ...`, `ablate sql ... --db X`); the last wins."""
     if value is not None:

@@ -10,7 +10,7 @@ import click
 
 from ablate.cli.common import (ASSIGNMENTS_HELP, OVERRIDES_NOTE, STATUS_ROWS, Ordered, about, assignments_argument,
                                console, db_option, err_console, launch_flags, launch_of, override_options,
-                               overrides_of)
+                               overrides_of, require_prefect)
 from ablate.cli.status import print_status_csv, runs_table, sweep_view, watch
 from ablate.config.errors import AblateError
 
@@ -93,6 +93,7 @@ def cancel(name: str, db: str | None) -> int:
 def run(spec: str, max_trials: int, gpu_slots: int | None, retry_failed: bool, merge: bool, db: str | None,
         **params: Any) -> int:
     """Run the `sweep` flow in-process (Prefect's ephemeral API) with a live table of runs."""
+    require_prefect("ablate sweep run")
     _quiet_prefect()
     from ablate import runner, store
 
