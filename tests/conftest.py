@@ -76,3 +76,31 @@ def tinystories(tmp_path: Path) -> Path:
 @pytest.fixture(params=["sqlite", "postgres"])
 def any_url(request):
     return request.getfixturevalue(f"{request.param}_url")
+
+
+# the node check's CUDA tests (tests/gpu): here, not in a tests/gpu/conftest.py, which would shadow this module for
+# the tests that `from conftest import ...`
+
+
+@pytest.fixture(scope="session")
+def device():
+    """The device every test of tests/gpu trains on: this process's CUDA device where there is one, else the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+@pytest.fixture
+def whole_gpu_after(device):
+    """The whole GPU again after the test (a capped trainer leaves its memory fraction set for the process)."""
+    yield
+    if device.type == "cuda":
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.empty_cache()

@@ -199,7 +199,10 @@ def _check_blocks(spec: SweepSpec) -> list[str]:
             problems.append(f"{where}: must be a mapping of trial fields (got {_show(block)})")
             continue
         for key, value in block.items():
-            if where != "defaults" and key in ("zip", "seeds"):
+            if key in ("zip", "seeds"):
+                if where == "defaults":  # a block's own keys: "did you mean 'seeds'?" would name the same word
+                    what = "repeats its block's trials" if key == "seeds" else "moves its block's axes together"
+                    problems.append(f"defaults.{key}: '{key}' {what}, so it goes in each grid block, not in defaults")
                 continue
             if key in SWEEP_LEVEL_FIELDS:
                 problems.append(f"{where}.{key}: '{key}' is set once per sweep at the top level, not in {where}")

@@ -149,6 +149,8 @@ MALFORMED = [
      ["defaults.objective", "did you mean 'clm'"]),
     ("misspelled-grid-key", spec_with(grid=[{"architecture": "mixer", "d_modle": 32}]),
      ["grid[0]", "unknown key 'd_modle'", "did you mean 'd_model'"]),
+    ("seeds-in-defaults", spec_with(defaults={**BASE["defaults"], "seeds": 2}),
+     ["defaults.seeds", "goes in each grid block, not in defaults"]),
     ("misspelled-top-level-key", {**spec_with(), "budgett": {"wall_clock": "1h"}},
      ["unknown key 'budgett'", "did you mean 'budget'"]),
     ("misspelled-nested-key", spec_with(dataset={"sorce": "x"}),

@@ -1,11 +1,11 @@
-"""What the node check's CUDA tests share (tests/gpu): the device, a tiny trial, settings for a run on the device,
-the checks that a run learned, and a way back to the whole GPU after a memory cap.
+"""What the node check's CUDA tests share (tests/gpu): a tiny trial, settings for a run on the device, the checks
+that a run learned (the fixtures `device` and `whole_gpu_after` are in tests/conftest.py).
 
 Every test trains on one device: CUDA where `torch.cuda.is_available()`, else the CPU, where every property that
 means something there runs too (so this code is exercised in CI before a GPU ever sees it). A property only CUDA
 has skips on CPU with "needs CUDA: <why>". Memory caps on CUDA go through
 `torch.cuda.set_per_process_memory_fraction`, which stays set for the process: a test that sets one puts the
-fraction back (`_uncapped`). Caps are computed from the need measured on this device, never guessed.
+fraction back (`whole_gpu_after`). Caps are computed from the need measured on this device, never guessed.
 """
 
 from __future__ import annotations

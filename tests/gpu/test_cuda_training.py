@@ -19,7 +19,7 @@ import torch
 from ablate import store
 from ablate.train import Settings, train
 from ablate.train.state import Dist
-from tests.gpu.common import fresh, assert_learns, device_name, needs_cuda, settings, tiny
+from tests.gpu.common import assert_learns, device_name, fresh, needs_cuda, settings, tiny
 from tests.train.test_train import registered
 
 pytestmark = pytest.mark.gpu
@@ -125,7 +125,7 @@ def test_the_optimizer_is_fused_adamw_on_cuda_and_a_step_moves_the_weights(devic
 # ---------------------------------------------------------------- 5: memory caps
 
 
-def test_a_memory_cap_below_the_need_ends_oom_with_its_peak(device, tmp_path, _uncapped, record_property):
+def test_a_memory_cap_below_the_need_ends_oom_with_its_peak(device, tmp_path, whole_gpu_after, record_property):
     """A cap below what the trial needs (`Settings(memory_cap_mb=...)`, what `--memory-cap-mb` and a hardware
     profile's memory set) ends the run `oom`, a result and not a crash, with the error and its peak memory. On CUDA
     the cap is half the need measured on this GPU and the allocator raises a real OOM (the recorded peak stays
@@ -153,7 +153,7 @@ def test_a_memory_cap_below_the_need_ends_oom_with_its_peak(device, tmp_path, _u
         assert out["peak_memory_mb"] > cap, (out["peak_memory_mb"], cap)
 
 
-def test_on_oom_shrink_halves_the_micro_batch_under_a_cap_and_keeps_training(device, tmp_path, _uncapped,
+def test_on_oom_shrink_halves_the_micro_batch_under_a_cap_and_keeps_training(device, tmp_path, whole_gpu_after,
                                                                              record_property):
     """`on_oom: shrink` under a cap between the need of the micro-batch and of its half: the trainer halves the
     micro-batch (doubling accumulation, so the effective batch stays), notes `oom_shrink`, and trains the whole
