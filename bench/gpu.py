@@ -136,7 +136,11 @@ def _run_part(name: str, allowance: float, args: argparse.Namespace, result: dic
     part: dict[str, Any] = {"status": status, "exit": code, "seconds": round(time.monotonic() - t0, 1),
                             "allowance": round(allowance, 1), "rows": [], "skipped": [], "notes": []}
     for line in rows_file.read_text().splitlines() if rows_file.exists() else []:
-        item = json.loads(line)
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:  # the last line of a part killed while writing it
+            part["notes"].append(f"a line cut off when the part was stopped: {line[:80]!r}")
+            continue
         for key in ("rows", "skipped", "notes"):
             if key in item:
                 part[key].append(item[key])

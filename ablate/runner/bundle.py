@@ -265,13 +265,13 @@ def bundle(out: Path, target: Target, source: Path, say: Callable[[str], None] =
     if out.exists() and any(out.iterdir()) and not (out / "bundle.json").exists():
         raise AblateError(f"-o {out}: the folder holds files that are not an earlier bundle; name a new or empty one")
     partial = out.with_name(out.name + ".partial")  # kept when cut: the next run resumes its downloads
-    partial.mkdir(parents=True, exist_ok=True)
-    for old in partial.glob("ablate-*.whl"):
-        old.unlink()
-    with tempfile.TemporaryDirectory(prefix="ablate-bundle-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ablate-bundle-") as tmp:  # nothing beside -o until it resolves
         work = Path(tmp)
         built = build_wheel(source, work / "ablate-wheel", say)
         items = resolve(target, built, work, say)
+        partial.mkdir(parents=True, exist_ok=True)
+        for old in partial.glob("ablate-*.whl"):
+            old.unlink()
         wheel = Path(shutil.copy2(built, partial / built.name))
     wheels = travelling(items, target)
     keep = {f"{normalise(i['metadata']['name'])}=={i['metadata']['version']}" for i in wheels}

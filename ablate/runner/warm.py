@@ -17,7 +17,7 @@ then asks torch whether it is in a bad fork. Its ready message reports them (`cu
 `cuda_fork_safe`); a helper that fails either is not used (the runner's trainers start cold).
 
 ABLATE_WARM_TRAINER: unset or 1, the helper is used only where no GPU is visible (trainers on GPU hosts stay
-cold processes: CUDA after a fork is measured by the node check, tests/gpu/test_cuda.py, not assumed);
+cold processes: CUDA after a fork is measured by the node check, tests/gpu/test_cuda_processes.py, not assumed);
 `always`, on GPU hosts too; 0, never. Torchrun trials are always cold processes. Protocol: JSON lines,
 requests on the helper's stdin, replies and exits on its stdout.
 """

@@ -43,17 +43,23 @@ def test_compile_trains_and_lowers_the_loss(device, tmp_path, sqlite_url, record
     assert run.device_name == device_name(device)
 
 
+def _trained_in(device: torch.device, tmp_path, url: str, precision: str):
+    """A registered one-layer run (CPU half-precision kernels are slow) trained to its 30 steps in `precision`,
+    having learned (assert_learns); its run row."""
+    trial = tiny(precision=precision, layers=1)
+    rid = registered(url, trial)
+    out = train(trial, settings(device, tmp_path / "art", db_url=url, run_id=rid))
+    assert out["status"] == "completed" and out["steps"] == 30, out
+    assert_learns(url, rid, out)
+    return store.get_run(store.connect(url), rid)
+
+
 def test_bf16_autocast_trains_and_records_bf16(device, tmp_path, sqlite_url):
     """`precision: bf16`: autocast to bfloat16 on this device (CPU autocast has bf16 too), a finite, falling loss,
     and the run row says bf16."""
     if device.type == "cuda":
         assert torch.cuda.is_bf16_supported(), "this GPU has no bf16 (H100/H200 do)"
-    trial = tiny(precision="bf16", layers=1)  # one layer: CPU bf16 kernels are slow
-    rid = registered(sqlite_url, trial)
-    out = train(trial, settings(device, tmp_path / "art", db_url=sqlite_url, run_id=rid))
-    assert out["status"] == "completed" and out["steps"] == 30, out
-    assert_learns(sqlite_url, rid, out)
-    run = store.get_run(store.connect(sqlite_url), rid)
+    run = _trained_in(device, tmp_path, sqlite_url, "bf16")
     assert run.precision == "bf16" and run.device_name == device_name(device)
 
 
@@ -79,12 +85,7 @@ def test_fp16_trains_with_the_grad_scaler(device, tmp_path, sqlite_url):
     why = _fp16_unsupported(device)
     if why is not None:
         pytest.skip(f"this torch ({torch.__version__}) has no fp16 autocast with a GradScaler on CPU: {why}")
-    trial = tiny(precision="fp16", layers=1)  # one layer: CPU fp16 kernels are slow
-    rid = registered(sqlite_url, trial)
-    out = train(trial, settings(device, tmp_path / "art", db_url=sqlite_url, run_id=rid))
-    assert out["status"] == "completed" and out["steps"] == 30, out
-    assert_learns(sqlite_url, rid, out)
-    run = store.get_run(store.connect(sqlite_url), rid)
+    run = _trained_in(device, tmp_path, sqlite_url, "fp16")
     assert run.precision == "fp16" and run.device_name == device_name(device)
     scaler = torch.load(run.checkpoint_path, map_location="cpu", weights_only=True)["scaler"]
     assert scaler and scaler["scale"] > 0, scaler  # an enabled GradScaler ran (a disabled one saves {})

@@ -93,6 +93,9 @@ def test_a_folder_that_is_no_bundle_is_refused_and_left_as_it_was(tmp_path, caps
     assert [p.name for p in out.iterdir()] == ["notes.txt"] and not (tmp_path / "mine.partial").exists()
     assert main(["bundle", "-o", str(tmp_path / "b"), "--exclude-present", str(tmp_path / "none.txt")]) == 2
     assert "--exclude-present" in capsys.readouterr().err and not (tmp_path / "b").exists()
+    with pytest.raises(AblateError, match="is not one; run it from a clone"):  # no checkout to build ablate from
+        bundle.bundle(tmp_path / "c", bundle.Target("3.12", "manylinux_2_28_x86_64"), tmp_path / "not-a-checkout")
+    assert not (tmp_path / "c").exists() and not (tmp_path / "c.partial").exists()
 
 
 # ---------------------------------------------------------------- end to end
