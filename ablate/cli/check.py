@@ -34,15 +34,18 @@ OPTIONS_EXAMPLE = """--options '{"kernel": 3}'"""
 @click.option("--context", type=int, default=None, help="sequence length (default 8)")
 def check_command(arch: str, plugins: tuple[str, ...], options: str | None, objective: str, ddp: bool,
                   **sizes: int | None) -> int:
-    from ablate.plugins.check import check_trial, load_plugins, small_trial
+    from ablate.plugins.guard import CHECK_SECONDS, run_child
 
-    load_plugins(plugins, base_dir=Path.cwd())
-    trial = small_trial(arch, _options(options), objective, **{k: v for k, v in sizes.items() if v is not None})
-    findings = check_trial(trial, ddp=ddp, plugins=plugins)
-    for finding in findings:
-        console.print(f"{LABELS[finding.ok]} {escape(finding.name)}  {escape(finding.detail)}", soft_wrap=True)
-    failed = [f.name for f in findings if f.ok is False]
-    counts = {label: sum(LABELS[f.ok] == label for f in findings) for label in LABELS.values()}
+    # in a child process, with a time limit: the plugin's code can neither hang this command nor end it with exit 0
+    request = {"mode": "check", "plugins": list(plugins), "base_dir": str(Path.cwd()), "arch": arch,
+               "options": _options(options), "objective": objective, "ddp": ddp,
+               "sizes": {k: v for k, v in sizes.items() if v is not None}}
+    result = run_child(request, CHECK_SECONDS * (2 if ddp else 1), f"the contract check of {arch}")
+    findings = [(name, ok, detail) for name, ok, detail in result["findings"]]
+    for name, ok, detail in findings:
+        console.print(f"{LABELS[ok]} {escape(name)}  {escape(detail)}", soft_wrap=True)
+    failed = [name for name, ok, _ in findings if ok is False]
+    counts = {label: sum(LABELS[ok] == label for _, ok, _ in findings) for label in LABELS.values()}
     console.print(f"{escape(arch)}: {counts['PASS']} passed, {counts['FAIL']} failed"
                   f"{' (' + escape(', '.join(failed)) + ')' if failed else ''}, {counts['SKIP']} skipped")
     return 1 if failed else 0

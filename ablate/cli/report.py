@@ -58,12 +58,16 @@ def report(sweep: str, out: str | None, formats: str, compare: tuple[str, ...], 
 @click.option("--temperature", type=float, default=1.0)
 @click.option("--seed", type=int, default=0)
 @click.option("--artifacts", default=None, help=ARTIFACTS_HELP)
+@click.option("--plugin", default=None, metavar="PATH",
+              help="a plugin run's plugin file (checked against the code the run was trained with)")
+@click.option("--run-stored-plugin", is_flag=True,
+              help="run the plugin source the results DB holds (checked against its identity): only a DB you trust")
 @db_option()
 def generate(run: int, prompt: str, max_new: int, top_k: int, temperature: float, seed: int, artifacts: str | None,
-             db: str | None) -> int:
+             plugin: str | None, run_stored_plugin: bool, db: str | None) -> int:
     from ablate.train.generate import complete, load_run_model
 
-    trial, model, tokenizer = load_run_model(run, db, artifacts)
+    trial, model, tokenizer = load_run_model(run, db, artifacts, plugin, run_stored_plugin)
     text = complete(model, tokenizer, prompt, trial.context, max_new, top_k, temperature, seed)
     console.print(f"[bold]{escape(prompt)}[/]" + escape(text))
     return 0

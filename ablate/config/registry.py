@@ -39,7 +39,7 @@ class Source:
     'file:<sha256[:16]>' of a plugin file (whose `text` is stored with a sweep, for workers that never saw it),
     'module:TOP:<sha256[:16]>' of an importable package's files, 'package:NAME==VERSION' of an installed one."""
 
-    kind: str  # builtin | file | module | package
+    kind: str  # builtin | file | module | package | recorded (a stand-in: facts read from a results DB, no code)
     where: str  # 'ablate', the file's path, the module's or the distribution's name
     identity: str | None = None
     text: str | None = None
@@ -62,6 +62,21 @@ BUILTIN = Source("builtin", "ablate")
 def resolve(ref: Any) -> Any:
     """An import path's module (imported on first use), or the object a plugin registered."""
     return importlib.import_module(ref) if isinstance(ref, str) else ref
+
+
+def _stands_in(entry: Any) -> bool:
+    """Whether `entry` is a recorded stand-in (a plugin's facts, read from a results DB; none of its code), which
+    the plugin's own code replaces when it is loaded (ablate/plugins/recorded.py)."""
+    return entry.source.kind == "recorded"
+
+
+def _refuse_case_twin(kind: str, name: str, table: dict[str, Any]) -> None:
+    """A name that differs from a registered one only by case (`LLaMA` beside `llama`) reads as the same name in
+    a report, a path or a shell: refused."""
+    twins = [known for known in table if known != name and known.lower() == str(name).lower()]
+    if twins:
+        raise AblateError(f"{kind} {name!r} differs from the registered {twins[0]!r} only by case "
+                          f"({table[twins[0]].source.describe()}); give it a name of its own")
 
 
 def _clash(kind: str, name: str, known: Source, new: Source) -> AblateError:
@@ -115,8 +130,9 @@ _loaded = False
 def add_family(family: Family) -> None:
     """Add a family to the table. The same plugin may register a name again (a re-read or edited file replaces
     its entry); another source may not."""
+    _refuse_case_twin("architecture", family.name, _FAMILIES)
     known = _FAMILIES.get(family.name)
-    if known is not None and known != family and not known.source.same_plugin(family.source):
+    if known is not None and known != family and not known.source.same_plugin(family.source) and not _stands_in(known):
         raise _clash("architecture", family.name, known.source, family.source)
     _FAMILIES[family.name] = family
 
@@ -248,8 +264,9 @@ _OBJECTIVES: dict[str, ObjectiveEntry] = {}
 
 def add_objective(entry: ObjectiveEntry) -> None:
     """Add an objective to the table; as add_family, the same plugin may register a name again, another may not."""
+    _refuse_case_twin("objective", entry.name, _OBJECTIVES)
     known = _OBJECTIVES.get(entry.name)
-    if known is not None and known != entry and not known.source.same_plugin(entry.source):
+    if known is not None and known != entry and not known.source.same_plugin(entry.source) and not _stands_in(known):
         raise _clash("objective", entry.name, known.source, entry.source)
     _OBJECTIVES[entry.name] = entry
 
@@ -311,21 +328,22 @@ def code_of(architecture: Any, objective: Any) -> str | None:
     built-ins: the trial's `code`, part of its fingerprint, so that an edited plugin makes new runs."""
     parts = []
     for entry in (_FAMILIES.get(architecture), _OBJECTIVES.get(objective)):
-        if entry is not None and entry.source.identity is not None:
+        if entry is not None and entry.source.identity is not None and not _stands_in(entry):
             parts.append(f"{entry.name}@{entry.source.identity}")
     return "+".join(parts) or None
 
 
 def with_code(data: dict[str, Any]) -> dict[str, Any]:
     """A trial's fields with its `code`: the registered plugins' for a new trial. A stored trial keeps its own,
-    and a plugin it names that this process has not loaded is materialised from the results DB it was read from
-    (ablate.plugins.stored), so that workers and reports never need the plugin's file."""
+    and a plugin it names that this process has not loaded stands in by the facts recorded in the results DB it
+    was read from (ablate.plugins.recorded): reading a stored trial never runs plugin code, and reports never
+    need the plugin's file. The trainer loads the code itself (ablate.plugins.stored.ensure)."""
     architecture, objective = data.get("architecture"), data.get("objective", "clm")
     families(), objectives()
     if data.get("code") is not None:
         if isinstance(architecture, str) and isinstance(objective, str) and (
-                architecture not in _FAMILIES or objective not in _OBJECTIVES):
-            importlib.import_module(f"{PLUGINS}.stored").materialise(data["code"])
+                architecture not in _FAMILIES or objective not in _OBJECTIVES) and isinstance(data["code"], str):
+            importlib.import_module(f"{PLUGINS}.recorded").stand_in(data["code"])
         return data
     code = code_of(architecture, objective) if isinstance(architecture, str) and isinstance(objective, str) else None
     return {**data, "code": code} if code else data

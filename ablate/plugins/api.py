@@ -36,13 +36,16 @@ from ablate.plugins.load import LOADING, module_source
 def architecture(name: str, *, options: Any, description: str = "", build: Any = None,
                  param_count: Callable[[Any, int], int] | None = None,
                  inter_token_params: Callable[[Any], int | None] | None = None,
-                 mixing_flops_per_token: Callable[[Any], float] | None = None) -> Any:
+                 mixing_flops_per_token: Callable[[Any], float] | None = None,
+                 train_mode_causal: bool = True, train_mode_note: str = "") -> Any:
     """Register a family: used as a decorator of `build(trial, vocab_size) -> nn.Module`, or with `build=`.
 
     options: a pydantic model of the family's options (`trial.options` validates against it). param_count(trial,
     vocab_size): the closed form, if you have one. inter_token_params(trial): the parameters that mix tokens
     (recorded per run; unknown if not given). mixing_flops_per_token(trial): token-mixing FLOPs per token that
-    are not parameter multiplies, as attention's scores (the FLOPs estimate adds them; 0 if not given)."""
+    are not parameter multiplies, as attention's scores (the FLOPs estimate adds them; 0 if not given).
+    train_mode_causal=False: the model reads later tokens in train mode by design (routing, as mixture-of-depths'
+    top-k), said in train_mode_note; the contract then holds it to eval-mode causality only."""
     _check_name("architecture", name)
     if isinstance(options, str) and isinstance(build, str):  # the lazy form: import paths
         registry.add_family(Family(name, build, options, description, _path_source(options)))
@@ -51,7 +54,9 @@ def architecture(name: str, *, options: Any, description: str = "", build: Any =
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         given = {"param_count": param_count, "inter_token_params": inter_token_params,
                  "mixing_flops_per_token": mixing_flops_per_token}
-        counts = SimpleNamespace(Options=_strict(options, "architecture", name),
+        declared = {} if train_mode_causal else {"TRAIN_MODE_CAUSAL": False, "TRAIN_MODE_NOTE": train_mode_note or
+                                                 "not causal in train mode by design (train_mode_causal=False)"}
+        counts = SimpleNamespace(Options=_strict(options, "architecture", name), **declared,
                                  **{key: f for key, f in given.items() if f is not None})  # Family's defaults
         model = SimpleNamespace(**vars(counts), build=fn)
         registry.add_family(Family(name, model, counts, description or _first_line(fn), _source(fn)))

@@ -80,8 +80,8 @@ def _tidy(exc: ValidationError) -> str:
 
 def check_trial(trial: TrialConfig, vocab: int = 32, *, fast: bool = False, ddp: bool = False,
                 plugins: Sequence[str] = ()) -> list[Finding]:
-    """Every property of the contract for the trial's model; fast: shape, causal (eval) and rows independent
-    only (what registering a sweep runs). `plugins`: what a DDP rank loads to find the architecture again.
+    """Every property of the contract for the trial's model; fast: shape, causal (eval and train) and rows
+    independent only (what registering a sweep runs). `plugins`: what a DDP rank loads to find the architecture again.
     Runs on one torch thread (tiny models are fastest so); the caller's thread count and RNG are restored."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -181,7 +181,11 @@ def _shape(s: _Subject) -> tuple[bool, str]:
     got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
     if got != expected:
         return False, f"expected logits (B, T, V) = {expected}, got {got}: build must return input_ids -> logits"
-    return True, f"(B, T, V) = {expected}"
+    if not torch.isfinite(out).all():
+        return False, f"logits (B, T, V) = {expected} hold NaN or inf at initialisation: nothing would train"
+    if not any(p.requires_grad for p in model.parameters()):
+        return False, "the model has no trainable parameters: nothing would train"
+    return True, f"(B, T, V) = {expected}, finite, with trainable parameters"
 
 
 def _causal_eval(s: _Subject) -> tuple[bool | None, str]:
@@ -327,7 +331,7 @@ def _ddp(s: _Subject) -> tuple[bool | None, str]:
 PROPERTIES: dict[str, Callable[[_Subject], tuple[bool | None, str]]] = {
     "causal (eval)": _causal_eval, "causal (train)": _causal_train, "rows independent": _rows_independent,
     "param count": _param_count, "training": _training, "state dict": _state_dict, "ddp": _ddp}
-FAST = ("causal (eval)", "rows independent")
+FAST = ("causal (eval)", "causal (train)", "rows independent")  # what registering a sweep (and plan) asks
 
 
 # ---------------------------------------------------------------- DDP's ranks

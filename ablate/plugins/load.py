@@ -74,7 +74,13 @@ def _load_file(ref: str, base_dir: Path | None, where: str | None) -> Source:
     if not path.is_file():
         raise AblateError(f"plugin {ref}: no file {path}; paths are read relative to the sweep file's folder "
                           "(or the working directory on the command line)")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise AblateError(f"plugin {ref}: {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                          f"{exc.start}); save it as UTF-8, as Python source is") from None
+    except OSError as exc:
+        raise AblateError(f"plugin {ref}: cannot read {path} ({exc.strerror or exc})") from None
     source = Source("file", where or str(path), file_identity(text), text)
     if (source.where, source.identity) in _FILES:
         return _FILES[source.where, source.identity]

@@ -1,12 +1,14 @@
 """A file plugin's source in the results DB, by the identity of its code, and its materialisation where it runs.
 
-Registering a sweep stores the source of every plugin file its trials name (`save`); a process that reads a trial
-naming a plugin it has not loaded (a worker that never saw the file, a report on another machine) writes that
-exact source into a content-addressed folder and loads it (`materialise`). A trainer makes sure it builds with
-exactly the trial's code (`ensure`): a later edit on the submitting laptop cannot change a running sweep.
+Registering a sweep stores the source of every plugin file its trials name (`save`). A trainer that never saw the
+file writes that exact source into a content-addressed folder and loads it (`materialise`), making sure it builds
+with exactly the trial's code (`ensure`): a later edit on the submitting laptop cannot change a running sweep.
+Reading a trial runs none of it (a report on another machine reads recorded facts); `ablate generate` loads a
+plugin run's code only when told where from (`load_for`).
 Installed packages are not stored: a worker must have the same version installed, or the trial fails saying so.
 
-Trust: whoever can write the results DB can run code on the workers, as with any job queue.
+Trust: whoever can write the results DB can run code on the workers, as with any job queue; never on a machine
+that only reads it (ablate/plugins/recorded.py). The text is checked against its identity before it runs.
 """
 
 from __future__ import annotations
@@ -21,11 +23,7 @@ import sqlalchemy as sa
 from ablate.config import registry
 from ablate.config.errors import AblateError
 from ablate.config.registry import Source
-
-
-def components(code: str) -> list[tuple[str, str]]:
-    """(name, identity) of each plugin in a trial's `code` ('name@identity', '+' between two)."""
-    return [tuple(part.split("@", 1)) for part in code.split("+") if "@" in part]
+from ablate.plugins.recorded import components, is_recorded, not_loaded, unloaded
 
 
 def sources_of(trials: list[Any]) -> list[Source]:
@@ -52,20 +50,52 @@ def save(session: Any, sources: list[Source]) -> None:
             session.add(PluginSource(identity=source.identity, path=source.where, text=source.text))
 
 
-def ensure(trial: Any) -> None:
-    """Register exactly the code `trial` ran with (before building it): its stored source where this process
-    holds another version of a plugin, or none."""
+def ensure(trial: Any) -> Any:
+    """Load exactly the code `trial` was registered with (before building it): its stored source where this
+    process holds another version of a plugin, or only its recorded facts, or nothing. Returns the trial read
+    again against that code (its options validated by the plugin's own Options)."""
     if trial.code and registry.code_of(trial.architecture, trial.objective) != trial.code:
         materialise(trial.code, exact=True)
+        return type(trial).model_validate(trial.model_dump(mode="json"))
+    return trial
+
+
+def load_for(trial: Any, what: str, plugin: str | None = None, run_stored: bool = False) -> Any:
+    """`trial` read again with its plugins' code loaded, for `what` (a command that builds its model): from the
+    file `plugin` (its identity must be the trial's), from the results DB's source when `run_stored`, else refused
+    in one line. A trial whose plugins are loaded (or that has none) is returned as it is."""
+    missing = unloaded(trial)
+    if not missing:
+        return trial
+    if plugin is not None:
+        from ablate.plugins.load import load_plugin
+
+        load_plugin(plugin)
+        wrong = [f"{name} is {_loaded_identity(name)}, the run's is {identity}" for name, identity in missing
+                 if _loaded_identity(name) != identity]
+        if wrong:
+            raise AblateError(f"--plugin {plugin} is not the code {what} was trained with: {'; '.join(wrong)}; give "
+                              "the file as it was when the sweep was registered")
+        return type(trial).model_validate(trial.model_dump(mode="json"))
+    if run_stored:
+        return ensure(trial)
+    name, identity = missing[0]
+    raise AblateError(not_loaded(name, identity, what))
+
+
+def _loaded_identity(name: str) -> str | None:
+    entry = registry.registered(name)
+    return None if entry is None or is_recorded(entry) else entry.source.identity
 
 
 def materialise(code: str, exact: bool = False) -> None:
-    """Load the plugins a trial's `code` names that are not registered (or, `exact`, registered with other code)."""
-    from ablate.plugins.load import load_plugin
+    """Load the plugins a trial's `code` names that are not loaded (or, `exact`, loaded with other code); a stored
+    source runs only if its text is the code its identity names."""
+    from ablate.plugins.load import file_identity, load_plugin
 
     for name, identity in components(code):
         entry = registry.registered(name)
-        if entry is not None and (not exact or entry.source.identity == identity):
+        if entry is not None and not is_recorded(entry) and (not exact or entry.source.identity == identity):
             continue
         kind = identity.split(":", 1)[0]
         if kind == "package":
@@ -81,6 +111,10 @@ def materialise(code: str, exact: bool = False) -> None:
                                   f"other code{_have(entry)}: install the same version on every worker")
             continue
         path, text = _stored(identity, name)
+        if file_identity(text) != identity:  # an edited copy of the DB: its text is not the code it names
+            raise AblateError(f"{name!r}: the source stored for {identity} in the results DB is other code "
+                              f"({file_identity(text)}); refused, nothing of it ran. Register the sweep again from the "
+                              "machine that has the plugin file")
         load_plugin(str(_write(identity, path, text)), where=path)  # its identity is the text's hash: that text
 
 

@@ -15,11 +15,19 @@ from ablate.results.views import RunView
 def run_notes(views: list[RunView]) -> list[str]:
     """What a table's reader must know about how its runs were computed: non-causal training losses, and runs
     whose device was not the sweep's hardware profile."""
+    from ablate.config import registry
+
     notes = []
     if any(v.axes.get("architecture") == "mod" for v in views):
         from ablate.models.mod_options import TRAINING_NOTE
 
         notes.append(f"Mixture-of-depths: {TRAINING_NOTE}.")
+    for name in dict.fromkeys(v.axes.get("architecture") for v in views):  # plugins that route by design
+        family = registry.families().get(name) if name != "mod" else None
+        module = family.options_module() if family is not None else None
+        if getattr(module, "TRAIN_MODE_CAUSAL", True) is False:
+            notes.append(f"{name}: its train loss is not causal ({getattr(module, 'TRAIN_MODE_NOTE', '') or 'declared'})"
+                         "; its test loss is.")
     elsewhere = {}
     for v in views:
         hw = (v.row.notes or {}).get("hardware") if isinstance(v.row.notes, dict) else None

@@ -19,8 +19,10 @@ def prompt_completions(views: list[RunView], prompt: str, url: str | None, artif
                        max_new: int = 48) -> tuple[list[tuple[int, str, str]], int]:
     """(run id, label, greedy completion) for the completed runs whose checkpoint is inside `artifacts`, at most
     MAX_COMPLETIONS of them (the lowest final test losses), and how many runs had such a checkpoint."""
+    from ablate.plugins.recorded import unloaded
+
     candidates = [v for v in views if v.row.status == "completed" and v.row.checkpoint_path
-                  and _samples(v.axes.get("objective", "clm"))]
+                  and _samples(v.axes.get("objective", "clm")) and not (v.trial and unloaded(v.trial))]
     if not candidates:
         return [], 0  # no model to load: torch is not even imported
     from ablate.train.generate import complete, load_run_model, run_checkpoint

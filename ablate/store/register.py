@@ -91,14 +91,15 @@ def _register_once(engine: sa.Engine, spec: Any, trials: list[Any], spec_path: s
     code = code_version()
     configs = [t.model_dump(mode="json") for t in trials]  # each trial dumped once: its fingerprint and row
     fps = [trial_fingerprint(c) for c in configs]
-    from ablate.plugins import stored
+    from ablate.plugins import recorded, stored
 
-    plugin_sources = stored.sources_of(trials)
+    plugin_sources, plugin_facts = stored.sources_of(trials), recorded.facts_of(trials)
     # an edited plugin is an edited sweep: its code is part of the sweep's identity (built-ins: the spec's alone)
     codes = sorted({t.code for t in trials if t.code})
     spec_fp = fingerprint([spec.fingerprint(), codes]) if codes else spec.fingerprint()
     with session_factory(engine)() as session, session.begin():
         stored.save(session, plugin_sources)  # before any run names them: a worker may claim one at once
+        recorded.save(session, plugin_facts)  # what readers know of them without running them
         sweep = session.scalar(sa.select(Sweep).where(Sweep.name == spec.name))
         if sweep is None:
             sweep = Sweep(name=spec.name)

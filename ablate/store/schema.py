@@ -144,6 +144,17 @@ class PluginSource(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
+class PluginFacts(Base):
+    """What readers know of a plugin without running its code, recorded when its sweep was registered: its
+    description, options' defaults and (objectives) what reports read of it (ablate/plugins/recorded.py)."""
+
+    __tablename__ = "plugin_facts"
+    name: Mapped[str] = mapped_column(sa.String(200), primary_key=True)
+    identity: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    facts: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
 class Meta(Base):
     """Facts about the database itself: `db_id`, the identity that keys its runs' artifacts."""
 

@@ -41,12 +41,17 @@ def run_checkpoint(run: store.Run, artifacts: str | Path | None = None) -> Path:
     return path
 
 
-def load_run_model(run_id: int, url: str | sa.Engine | None = None, artifacts: str | Path | None = None):
+def load_run_model(run_id: int, url: str | sa.Engine | None = None, artifacts: str | Path | None = None,
+                   plugin: str | None = None, run_stored: bool = False):
     """(trial, model in eval mode, tokenizer) from a run's final checkpoint inside `artifacts` (`url`: the results
-    DB, or a reader's engine already open)."""
+    DB, or a reader's engine already open). A plugin run's code comes from the file `plugin`, or the DB's stored
+    source when `run_stored`; else it is refused (ablate/plugins/stored.py)."""
+    from ablate.plugins.stored import load_for
+
     run = store.get_run(url if isinstance(url, sa.Engine) else store.reader(url), run_id)
     trial = TrialConfig.model_validate(run.config)
     path = run_checkpoint(run, artifacts)
+    trial = load_for(trial, f"sampling run {run_id}", plugin, run_stored)
     tokenizer = load_checkpoint_tokenizer(path, trial)
     return trial, load_checkpoint_model(path, trial, len(tokenizer)), tokenizer
 

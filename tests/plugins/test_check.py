@@ -60,7 +60,7 @@ def test_mods_excuse_is_true_its_training_router_reads_later_tokens(monkeypatch)
 
 def test_fast_runs_what_registering_a_sweep_needs():
     assert [f.name for f in check_trial(small_trial("mixer"), fast=True)] == ["shape", "causal (eval)",
-                                                                              "rows independent"]
+                                                                              "causal (train)", "rows independent"]
 
 
 def test_ddp_keeps_the_ranks_equal():
@@ -148,7 +148,7 @@ def test_a_builder_that_raises_fails_shape_with_its_message(leaky):
 def test_cli_passes_a_built_in_family(capsys):
     assert main(["check", "mixer"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert "PASS shape  (B, T, V) = (3, 8, 32)" in out
+    assert "PASS shape  (B, T, V) = (3, 8, 32), finite, with trainable parameters" in out
     assert "SKIP ddp  pass --ddp" in out
     assert sum(line.startswith("PASS ") for line in out) == 7
     assert out[-1] == "mixer: 7 passed, 0 failed, 1 skipped"
@@ -159,8 +159,12 @@ def test_cli_sizes(capsys):
     assert "PASS shape  (B, T, V) = (3, 12, 32)" in capsys.readouterr().out
 
 
-def test_cli_fails_a_leak_naming_the_position(leaky, capsys):
-    assert main(["check", leaky]) == 1
+def test_cli_fails_a_leak_naming_the_position(capsys, tmp_path):
+    """The check runs in a child process: the plugin is given as --plugin (here a file registering leaky.py)."""
+    leaky = LEAKY
+    (tmp_path / "leaky_plugin.py").write_text(
+        f"import ablate\nablate.architecture({LEAKY!r}, options='tests.plugins.leaky', build='tests.plugins.leaky')\n")
+    assert main(["check", leaky, "--plugin", str(tmp_path / "leaky_plugin.py")]) == 1
     out = capsys.readouterr().out.splitlines()
     assert any(line.startswith("FAIL causal (eval)  logits at position 0 change") for line in out), out
     assert out[-1] == f"{leaky}: 4 passed, 2 failed (causal (eval), causal (train)), 2 skipped"

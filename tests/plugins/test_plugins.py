@@ -4,7 +4,6 @@ packages are found by entry point; whatever goes wrong names the plugin and the 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -180,6 +179,18 @@ def test_a_plugin_that_fails_to_import_shows_its_last_line_and_registers_nothing
     assert not [m for m in sys.modules if m.startswith("ablate_plugin_broken")]
 
 
+def test_a_plugin_file_that_is_not_utf8_is_one_line_in_check_plan_and_register(tmp_path):
+    (tmp_path / "latin.py").write_bytes("# caf\xe9 mixer\nimport ablate\n".encode("latin-1"))
+    spec = sweep_file(tmp_path, ["./latin.py"])
+    env = cli_env(HF_HUB_OFFLINE="1", ABLATE_DB_URL=f"sqlite:///{tmp_path / 'r.db'}")
+    for args in (["check", "conv-test", "--plugin", str(tmp_path / "latin.py")], ["plan", str(spec)],
+                 ["sweep", "register", str(spec)]):
+        done = subprocess.run([sys.executable, "-m", "ablate.cli", *args], cwd=tmp_path, text=True,
+                              capture_output=True, env=env, timeout=300)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, (args, done.stderr)
+        assert "latin.py is not UTF-8 text (byte 0xe9 at offset 5); save it as UTF-8" in done.stderr, done.stderr
+
+
 def test_a_module_that_does_not_exist_says_how_to_check(tmp_path):
     message = spec_error(tmp_path, ["no_such_plugin_module"])
     assert "plugin no_such_plugin_module failed to import: ModuleNotFoundError" in message
@@ -195,6 +206,10 @@ def test_a_name_that_clashes_with_a_built_in_or_another_plugin_is_refused(tmp_pa
     write_plugin(tmp_path, name="conv-test", file="two.py")
     message = spec_error(tmp_path, ["./one.py", "./two.py"])
     assert "plugins[1]" in message and f"file {tmp_path / 'one.py'}" in message
+    write_plugin(tmp_path, name="LLaMA", file="case.py")  # a name that differs from a built-in only by case
+    message = spec_error(tmp_path, ["./case.py"])
+    assert "architecture 'LLaMA' differs from the registered 'llama' only by case (built-in)" in message
+    assert "LLaMA" not in registry.families()
 
 
 def test_plugin_options_are_validated_like_a_built_in_family(tmp_path):
@@ -406,28 +421,3 @@ def test_the_installed_example_package_is_found_by_its_entry_point_and_plans_wit
     assert out.returncode == 0, out.stderr
     code_of, params, torch_loaded = out.stdout.split()
     assert code_of == f"shiftmix@package:ablate-shiftmix=={installed}" and int(params) > 0 and torch_loaded == "False"
-
-
-def test_a_stored_source_is_materialised_exactly_even_over_a_tampered_copy(tmp_path, sqlite_url, monkeypatch):
-    import tempfile
-
-    from ablate.config import parse_spec
-
-    write_plugin(tmp_path, tag="tampered")  # code no other test registers: this DB alone holds its source
-    path = sweep_file(tmp_path, ["./conv_plugin.py"], architectures=("conv-test",))
-    spec, (trial,) = load_trials(path)
-    engine = store.connect(sqlite_url)
-    _, (run_id,) = store.register_sweep(engine, parse_spec(yaml.safe_load(path.read_text()), base_dir=tmp_path),
-                                        [trial])
-    identity = trial.code.split("@", 1)[1]
-    copy = Path(tempfile.gettempdir()) / f"ablate-plugins-{os.getuid()}" / identity.replace(":", "-") / "conv_plugin.py"
-    copy.parent.mkdir(parents=True, exist_ok=True)
-    copy.write_text("raise SystemExit('not the registered code')\n")  # a stale or tampered copy
-    (tmp_path / "conv_plugin.py").unlink()
-    del registry._FAMILIES["conv-test"]  # a process that never loaded it
-    monkeypatch.setattr(load, "_FILES", {})
-    stored = TrialConfig.model_validate(store.get_run(engine, run_id).config)
-    family = registry.check_architecture("conv-test")
-    assert stored.code == trial.code and family.source.identity == identity
-    assert family.source.where == str(tmp_path / "conv_plugin.py")  # recorded as registered, run from the copy
-    assert load.file_identity(copy.read_text()) == identity
