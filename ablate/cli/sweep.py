@@ -15,6 +15,7 @@ from ablate.cli.status import print_status_csv, runs_table, sweep_view, watch
 from ablate.config.errors import AblateError
 
 PREFECT_START_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+UNFINISHED_EXIT = ("failed", "preempted", "cancelled")  # a sweep run that leaves runs so exits 1
 PREFECT_START_SECONDS = 300
 # the most run ids handed to the flow as its `registered` parameter: Prefect refuses flow run parameters over
 # 512 KiB of JSON (server.api.max_parameter_size)
@@ -175,7 +176,12 @@ def _run_flow(flow_params: dict[str, Any], engine: Any, name: str, resume: str) 
         raise _prefect_start_failure(result["error"]) or result["error"]
     counts = runner.status_counts(engine, name)
     console.print(f"sweep {name}: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
-    return 1 if counts.get("failed") or counts.get("preempted") else 0
+    unfinished = {status: counts[status] for status in UNFINISHED_EXIT if counts.get(status)}
+    if unfinished:  # `sweep run && ablate report` must not go on as if every run it owed had finished
+        err_console.print(f"sweep {name} did not finish: " + ", ".join(f"{n} {s}" for s, n in unfinished.items())
+                          + " (`ablate sweep status` says why; --retry-failed runs them again); exit 1", highlight=False)
+        return 1
+    return 0
 
 
 def _wait_for_trainers(done: Any, engine: Any, name: str) -> None:

@@ -14,7 +14,7 @@ from ablate.cli.common import about, db_option
               help="address to listen on; anything beyond this machine needs --token")
 @click.option("--port", type=int, default=8765, show_default=True)
 @click.option("--token", default=None, help="a secret every request must carry (open the page once with ?token=...); "
-              "default: $ABLATE_UI_TOKEN; never printed")
+              "prefer $ABLATE_UI_TOKEN: a command line is visible to every user of the machine in `ps`; never printed")
 @click.option("--artifacts", default=None, help="the artifacts folder the runs were trained with (their logs); "
               "default: $ABLATE_ARTIFACTS or results/artifacts")
 @db_option()

@@ -16,6 +16,7 @@ from ablate.config.yamlfile import SpecFileRefused, SpecLoader
 
 FORM = "KEY=VALUE, a dotted path and a YAML value, e.g. defaults.lr=1e-3 or grid.0.d_model=[64,128]"
 WHERE = "<overrides>"
+ECHO = 200  # characters of an argument an error echoes back at most
 
 
 class ValueLoader(SpecLoader):
@@ -32,11 +33,11 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     key, equals, raw = str(text).partition("=")
     key = ".".join(part.strip() for part in key.split("."))
     if not equals or not all(key.split(".")):
-        raise SpecError([f"override {text!r}: not of the form {FORM}"], WHERE)
+        raise SpecError([f"override {_show(text, ECHO)}: not of the form {FORM}"], WHERE)
     try:
         value = yaml.load(raw, Loader=ValueLoader) if raw.strip() else ""  # noqa: S506 - a SafeLoader
     except (yaml.YAMLError, SpecFileRefused, RecursionError) as exc:
-        raise SpecError([f"override {text!r}: the value is not valid YAML ({getattr(exc, 'problem', exc)}); quote "
+        raise SpecError([f"override {_show(text, ECHO)}: the value is not valid YAML ({getattr(exc, 'problem', exc)}); quote "
                          "the whole argument for the shell, e.g. 'grid.0.d_model=[64, 128]'"], WHERE) from None
     return key, value
 
@@ -60,9 +61,14 @@ def value_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=str)
 
 
+def _cut(text: str) -> str:
+    """An argument as an error echoes it: at most ECHO characters (a pasted file must not come back whole)."""
+    return text if len(text) <= ECHO else text[:ECHO - 3] + "..."
+
+
 def _slot(node: Any, parts: list[str], depth: int) -> Any:
     """Where `parts[depth]` is in `node`: a mapping's key, or a list's index below its length."""
-    key, where, part = ".".join(parts), ".".join(parts[:depth]), parts[depth]
+    key, where, part = (_cut(text) for text in (".".join(parts), ".".join(parts[:depth]), parts[depth]))
     if isinstance(node, dict):
         return int(part) if part.isdigit() and int(part) in node and part not in node else part
     if not isinstance(node, list):

@@ -34,3 +34,17 @@ def show(value: object, limit: int = 80) -> str:
     """repr(value), cut short: an error message must not echo a huge value back."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def one_line(exc: BaseException, whole: str) -> str:
+    """What a run row stores of an error: an AblateError's message; else the exception's type and first line, where
+    it was raised, and where its whole traceback is (`whole`); `runs.error` never holds a traceback."""
+    if isinstance(exc, AblateError):
+        return str(exc)
+    import traceback
+    from pathlib import Path
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    at = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"{type(exc).__name__}: {first}{at}; the whole traceback is in {whole}"

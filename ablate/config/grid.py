@@ -53,7 +53,7 @@ def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_T
         )
     trials: list[TrialConfig] = []
     seen: set[str] = set()
-    problems: list[str] = []
+    problems: dict[str, list[str]] = {}  # a mistake -> the trials it breaks
     sweep_level = {k: getattr(spec, k) for k in SWEEP_LEVEL_FIELDS}
     for i, block in enumerate(spec.grid):
         axes = _axes_of(block)
@@ -95,21 +95,26 @@ def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_T
                                 inp = err.get("input")
                                 if not isinstance(inp, dict) and err["type"] != "value_error":
                                     msg += f" (got {_show(inp)})"
-                            problems.append(f"{where}: {msg} [trial {label}]")
+                                if where.startswith("defaults.") and isinstance(inp, list):
+                                    msg += (f"; a list of values is a grid axis: put it in a grid block, e.g. "
+                                            f"grid: [{{{key}: {_show(inp)}}}]")
+                            problems.setdefault(f"{where}: {msg}", []).append(label)
                         continue
                     fp = trial.fingerprint()
                     if fp not in seen:
                         seen.add(fp)
                         trials.append(trial)
-    if problems:
-        raise SpecError(list(dict.fromkeys(problems)), source)
+    if problems:  # each mistake once, with the first trial it breaks (a default breaks every one)
+        raise SpecError([f"{said} [trial {labels[0]}" + (f"; and {len(labels) - 1} more trial(s)]" if len(labels) > 1
+                                                         else "]") for said, labels in problems.items()], source)
+    later: list[str] = []
     for j, ref in enumerate(spec.reference):
         if not any(ref.matches(t) for t in trials):
-            problems.append(f"reference[{j}].match: {_show(ref.match)} matches no trial of the grid; "
+            later.append(f"reference[{j}].match: {_show(ref.match)} matches no trial of the grid; "
                             "check the axis names and values")
-    problems += _check_report_axes(spec, trials)
-    if problems:
-        raise SpecError(problems, source)
+    later += _check_report_axes(spec, trials)
+    if later:
+        raise SpecError(later, source)
     return trials
 
 

@@ -5,13 +5,15 @@ they are parsed, so that an overridden sweep goes through exactly the checks of 
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 from pathlib import Path
 from typing import Any
 
-from ablate.config.dotted import assign, parse_assignment, value_text
+from ablate.config.dotted import ECHO, assign, parse_assignment, value_text
 from ablate.config.errors import SpecError, did_you_mean
 from ablate.config.sources import has_splits, is_local_source, looks_like_path
+from ablate.config.sweep import NAME_MAX
 
 # what a run may change unedited; `set`: dotted KEY=VALUE assignments of any field
 OVERRIDES = ("budget", "source", "holdout", "vocab_size", "gpus", "hardware", "name", "set")
@@ -23,6 +25,13 @@ def _times(value: Any, factor: int) -> Any:
     if isinstance(value, list):
         return [_times(v, factor) for v in value]
     return value * factor if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _bounded(name: str) -> str:
+    """An automatic name within NAME_MAX: past it, cut, with a hash of the whole name (still one name per change)."""
+    if len(name) <= NAME_MAX:
+        return name
+    return f"{name[:NAME_MAX - 9].rstrip('-_')}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def _slug(text: str) -> str:
@@ -70,7 +79,7 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     if overrides.get("name"):
         data["name"] = overrides["name"]
     elif suffix and isinstance(data.get("name"), str) and not named:
-        data["name"] = "-".join([data["name"], *suffix])
+        data["name"] = _bounded("-".join([data["name"], *suffix]))
     if notes:
         data["overrides"] = notes
     return data
@@ -80,7 +89,8 @@ def describe_overrides(overrides: dict[str, Any]) -> str:
     """The overrides as a command line gives them (`--budget 10m defaults.lr=1e-3`): where a problem came from."""
     sets = overrides.get("set") or ()
     flags = [f"--{k.replace('_', '-')} {v}" for k, v in overrides.items() if k != "set" and v not in (None, "")]
-    return " ".join(flags + ([sets] if isinstance(sets, str) else list(sets)))
+    said = " ".join(flags + ([sets] if isinstance(sets, str) else list(sets)))
+    return said if len(said) <= ECHO else said[:ECHO - 3] + "..."  # an error's first line, not the whole argument
 
 
 def _override_fields(data: dict[str, Any], assignments: Any, suffix: list[str], notes: list[str]) -> bool:

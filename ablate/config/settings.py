@@ -8,8 +8,8 @@ what it should be, wherever it is first read.
 A plain pydantic model rather than pydantic-settings: the latter costs ~90 ms of imports in every torch-free
 command (`ablate plan`, `ablate sql`) for a prefix and a mapping we write here in a few lines.
 
-Variables that are not settings but messages between ablate's own processes (ABLATE_CLAIMANT, ABLATE_RUNNER_PID:
-a runner tells its trainer who it is) are declared here too, so that one list names every variable ablate reads.
+Variables that are not settings but messages between ablate's own processes (ABLATE_CLAIMANT, ABLATE_RUNNER_PID,
+ABLATE_RUN_LOG: a runner tells its trainer who it is and where its output goes) are declared here too, so that one list names every variable ablate reads.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ class Settings(BaseModel):
     # between ablate's own processes, not for users to set
     claimant: str | None = Field(None, description="the claim a runner started this trainer under")
     runner_pid: int | None = Field(None, description="the runner process that started this trainer")
+    run_log: str | None = Field(None, description="the log the runner sends this trainer's output to")
 
     @field_validator("warm_trainer", mode="before")
     @classmethod

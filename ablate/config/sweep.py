@@ -12,6 +12,8 @@ from ablate.config.errors import did_you_mean, one_of
 from ablate.config.trial import GRID_FIELDS, TrialConfig, fingerprint
 from ablate.config.units import Budget, EvalPlan, Frozen, Real, Whole, parse_at
 
+NAME_MAX = 200  # characters of a sweep name, on every engine (sweeps.name is VARCHAR(200))
+
 # ---------------------------------------------------------------- sweep
 
 
@@ -225,7 +227,7 @@ class RetrievalPlan(RetrievalSettings):
 
 
 class SweepSpec(Frozen):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=NAME_MAX)
     description: str = ""
     recipe: Literal["modern", "studies"] = "modern"  # defaults of optimisation fields under the sweep's own (RECIPES)
     dataset: DatasetRef

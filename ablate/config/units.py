@@ -99,6 +99,9 @@ _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)d)?\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:
 _SI = {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12, "P": 1e15}
 
 
+MAX_DURATION = 365 * 86400.0  # seconds: a duration past this is a typo (or an attack), not a budget
+
+
 def parse_duration(text: str | int | float) -> float:
     """'12h', '2h15m', '90s', '1.5h' or a number of seconds -> seconds."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
@@ -112,7 +115,10 @@ def parse_duration(text: str | int | float) -> float:
     if not math.isfinite(seconds):
         raise ValueError(f"duration {_show(text)} is not a finite number of seconds; write e.g. '12h' or 3600")
     if seconds <= 0:
-        raise ValueError(f"duration {text!r} must be positive")
+        raise ValueError(f"duration {_show(text)} must be positive")
+    if seconds > MAX_DURATION:
+        raise ValueError(f"duration {_show(text)} is over a year ({MAX_DURATION / 86400:g}d), more than any run here "
+                         "can be given; write e.g. '12h' or '7d'")
     return seconds
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ablate.config.errors import AblateError
+from ablate.export.ledger import exclusive
 from ablate.results.live import sweep_row
 
 TARGETS = {"mlflow": ("ablate.export.mlflow", "MlflowTarget", "mlflow", "sqlite:///results/mlflow.db"),
@@ -33,16 +35,29 @@ def export_sweep(sweep: str, to: str, uri: str | None = None, url: str | None = 
     """Every run of `sweep` into tracker `to` at `uri` (default: TARGETS' under results/); `progress(done, total)`
     is called after each run. `follow`: then, every that many seconds until every run has finished, send again
     the runs whose status or latest point moved (a live mirror that costs the trainers nothing), saying each
-    round's news with `say`."""
+    round's news with `say`. One export at a time into a target (a second is refused); a tracker's own error is
+    one line."""
+    from ablate import store
+
+    require(to)  # before the database: a missing extra is the first thing to fix
+    engine = store.reader(url)
+    sweep_row(engine, sweep)  # a clear error for an unknown sweep, before the target is created
+    uri = uri or TARGETS[to][3]
+    try:
+        with exclusive(lock_for(to, uri, sweep), f"{to} at {uri}"):
+            return _export(engine, sweep, target_for(to, uri, sweep), progress, follow, say)
+    except AblateError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the tracker's own store or folder: one line, not its traceback
+        raise AblateError(tracker_error(to, uri, exc)) from None
+
+
+def _export(engine: Any, sweep: str, target: Any, progress: Any, follow: float | None, say: Any) -> Exported:
     import time
 
     from ablate import store
     from ablate.export.runs import export_runs
 
-    require(to)  # before the database: a missing extra is the first thing to fix
-    engine = store.reader(url)
-    sweep_row(engine, sweep)  # a clear error for an unknown sweep, before the target is created
-    target = target_for(to, uri, sweep)
     out = Exported(where=target.where())
     total = store_runs(engine, sweep)
     seen = run_states(engine, sweep)
@@ -61,6 +76,31 @@ def export_sweep(sweep: str, to: str, uri: str | None = None, url: str | None = 
         if say is not None and moved:
             say(f"{len(moved)} run(s) moved: {out.points - points:,} new points sent")
     return out
+
+
+def lock_for(to: str, uri: str, sweep: str) -> Path | None:
+    """The file an export into (`to`, `uri`) holds locked: in the folder it writes, beside an MLflow SQLite store;
+    none for a tracking server (it orders its own writes)."""
+    from ablate.export.ledger import NAME
+    from ablate.export.runs import slug
+
+    if to == "tensorboard":
+        return Path(uri).expanduser() / slug(sweep) / NAME / "lock"
+    if to == "wandb":
+        return Path(uri).expanduser() / NAME / "lock"
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///").split("?", 1)[0] + ".ablate-export.lock").expanduser()
+    return None if "://" in uri else Path(uri).expanduser() / ".ablate-export.lock"
+
+
+def tracker_error(to: str, uri: str, exc: BaseException) -> str:
+    """A tracker's failure in one line: a folder that cannot be written names the fix."""
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return (f"cannot write the {to} export at {uri}{where}: {exc.strerror or exc}; give --uri a folder you can "
+                "write (it is created)")
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"exporting to {to} at {uri} failed: {type(exc).__name__}: {first}"
 
 
 def _count(out: Exported, new: int, again: bool = False) -> None:

@@ -7,6 +7,7 @@ curves are `train/loss` and `eval/loss` at their steps, the status and final met
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ class WandbTarget:
     def __init__(self, uri: str, sweep: str) -> None:
         self.dir = Path(uri).expanduser()
         self.project = slug(sweep)
-        self.ledger = Ledger(self.dir)
+        self.ledger = Ledger(self.dir, self.project)  # DIR is every project's: the ledger is the sweep's
         os.environ.setdefault("WANDB_SILENT", "true")
 
     def export(self, run: ExportRun) -> int:
@@ -33,9 +34,11 @@ class WandbTarget:
         for split, points in new.items():
             for p in points:
                 steps.setdefault(p.step, {})[f"{split}/loss"] = p.loss
+        self.drop_partial(run)
         settings = wandb.Settings(console="off", x_disable_stats=True, x_disable_meta=True, silent=True)
         w = wandb.init(mode="offline", dir=str(self.dir), project=self.project, id=run.fingerprint, name=run.name,
                        config=run.params, resume="allow", settings=settings, reinit="create_new")
+        written = [*self.ledger.entry(run).get("wandb_runs", []), Path(w.dir).parent.name]
         try:
             for step in sorted(steps):
                 w.log(steps[step], step=step)
@@ -43,8 +46,16 @@ class WandbTarget:
                               **({"error": run.error[:2000]} if run.error else {})})
         finally:
             w.finish(exit_code=0 if run.status in ("completed", "running", "pending") else 1)
-        self.ledger.record(run)
+        self.ledger.record(run, wandb_runs=written)
         return count
+
+    def drop_partial(self, run: ExportRun) -> None:
+        """Remove the offline run folders of this run that no ledger entry records: what an export killed while
+        writing it left (its points are sent again now, and `wandb sync` would upload both)."""
+        sent = self.ledger.recorded_anywhere(run.fingerprint, "wandb_runs")
+        for folder in (self.dir / "wandb").glob(f"offline-run-*-{run.fingerprint}"):
+            if folder.name not in sent:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def where(self) -> dict[str, Any]:
         return {"dir": str(self.dir / "wandb")}

@@ -21,6 +21,7 @@ from ablate.config.errors import AblateError
 DEFAULT_TIMEOUT_SECONDS = 30.0
 DEFAULT_MAX_ROWS = 10_000
 DEFAULT_MAX_BYTES = 64 << 20  # of the whole result, counted as the rows arrive (a single huge value included)
+BATCH_ROWS = 1000  # rows fetched at a time at most (fewer while large rows would pass the byte cap)
 READER_ROLE = store.READER_ROLE  # made by migration 0005 (or an administrator): SELECT on READABLE (+ Optuna's tables)
 READABLE = ("sweeps", "runs", "metrics", "run_results", "best_runs", "eval_curve")
 _READER_USABLE = (f"SELECT r IS NOT NULL AND pg_has_role(current_user, r, 'MEMBER') "
@@ -110,31 +111,42 @@ def _sqlite_limits(conn: sa.Connection, timeout_seconds: float, max_bytes: int) 
 
 def _fetch(result: sa.CursorResult, max_rows: int, max_bytes: int = 0) -> tuple[list[str], list[tuple[Any, ...]]]:
     """The rows, fetched in batches (a server-side cursor on PostgreSQL) and counted as they arrive: rows, and
-    bytes (text by its length, other values 8, NULL 1)."""
+    bytes (text by its length, other values 8, NULL 1). A batch is only as many rows as fit in what is left of
+    `max_bytes` at the largest row seen so far (one row at first), so the cap is passed by at most one row."""
     if not result.returns_rows:
         raise AblateError(f"that statement returns no rows; {sqlguard.ONE_STATEMENT}")
     columns = list(result.keys())
     rows: list[tuple[Any, ...]] = []
-    size = 0
+    size = largest = 0
+    batch_rows = 1 if max_bytes else BATCH_ROWS
     enabled = gc.isenabled()
     gc.disable()  # every row is kept to the end: the cyclic collector would walk them again and again (~25% of 100k)
     try:
-        while batch := result.fetchmany(1000):
+        while batch := result.fetchmany(batch_rows):
             block = [tuple(row) for row in batch]
-            rows += block
             if max_bytes:
-                size += sum([len(v) if isinstance(v, (str, bytes, bytearray, memoryview)) else 1 if v is None else 8
-                             for row in block for v in row])
+                sizes = [_row_bytes(row) for row in block]
+                size += sum(sizes)
                 if size > max_bytes:
                     raise AblateError(_too_big(max_bytes))
+                largest = max(largest, *sizes)
+                batch_rows = max(1, min(BATCH_ROWS, 2 * len(block), (max_bytes - size) // max(largest, 1)))
+            rows += block
             if max_rows and len(rows) > max_rows:
                 raise AblateError(f"the query returns more than {max_rows:,} rows; add LIMIT, or pass --max-rows N "
                                   "(0: no limit)")
     finally:
         if enabled:
             gc.enable()
-        result.close()
+        try:
+            result.close()
+        except SQLAlchemyError:  # e.g. a server-side cursor whose statement was cancelled: nothing left to close
+            pass
     return columns, rows
+
+
+def _row_bytes(row: tuple[Any, ...]) -> int:
+    return sum([len(v) if isinstance(v, (str, bytes, bytearray, memoryview)) else 1 if v is None else 8 for v in row])
 
 
 def _too_big(max_bytes: int) -> str:

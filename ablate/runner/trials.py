@@ -62,7 +62,8 @@ def run_trial(run_id: int, opts: LaunchOptions, should_stop: Callable[[], bool] 
     log_path = log_dir / f"run-{run_id}.log"
     # ABLATE_RUNNER_PID: a trainer whose runner is gone (its flow run cancelled or killed) checkpoints and stops
     env = {**os.environ, **opts.extra_env, "PYTHONUNBUFFERED": "1", "ABLATE_CLAIMANT": claimant,
-           "ABLATE_DB_URL": store.resolve_url(opts.db_url), "ABLATE_RUNNER_PID": str(os.getpid())}
+           "ABLATE_DB_URL": store.resolve_url(opts.db_url), "ABLATE_RUNNER_PID": str(os.getpid()),
+           "ABLATE_RUN_LOG": str(log_path)}  # where a failed trainer says its whole traceback is
     if opts.threads:  # also the OpenMP pool that torch and the tokenizer libraries start
         env["OMP_NUM_THREADS"] = str(opts.threads)
     if opts.gpu_ids is not None:
@@ -132,9 +133,16 @@ def classify(engine: sa.Engine, run_id: int, code: int, log_path: Path | None = 
     if code < 0 or code in (137, 143):  # killed by a signal: resumable from the last checkpoint
         status, error = "preempted", f"trainer killed by signal {-code if code < 0 else code - 128}"
     else:
-        status, error = "failed", f"trainer exited with code {code}:\n{store.redact(tail)}"
+        status, error = "failed", f"trainer exited with code {code}: {store.redact(last_line(tail))}" + (
+            f"; the whole log is {log_path}" if log_path else "")
     store.update_run(engine, run_id, claimant=claimant, status=status, error=error, pid=None, finished_at=store.utcnow())
     return status
+
+
+def last_line(text: str) -> str:
+    """A log's last non-empty line (a traceback's exception line), at most 300 characters."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "(nothing in its log)"
 
 
 def _tail(path: Path, chars: int = 4000) -> str:

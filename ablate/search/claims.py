@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
+import time
 import warnings
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import optuna
 import sqlalchemy as sa
@@ -35,6 +39,40 @@ def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
     ))
 
 
+@contextmanager
+def vanishing_lock(path: Path, timeout: float) -> Iterator[None]:
+    """An exclusive lock on the file `path` that leaves no file behind: the holder removes it before letting go,
+    and a process that locked a file since removed tries again (its lock guards nothing). A killed holder's lock
+    is released with the process; its file is reused by the next one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"another search worker held {path} for {timeout:g} s") from None
+                    time.sleep(0.05)
+            try:
+                current = os.stat(path)
+            except FileNotFoundError:
+                current = None
+            if current is not None and (current.st_ino, current.st_dev) == (os.fstat(fd).st_ino, os.fstat(fd).st_dev):
+                break  # the lock is on the file the path names: ours
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # its holder removed it meanwhile: lock the path's new file
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # while still holding it: whoever waits on this file tries again
+        os.close(fd)
+
+
 _THREAD_LOCKS: dict[tuple[str, str], threading.Lock] = {}
 _THREAD_LOCKS_GUARD = threading.Lock()
 
@@ -46,9 +84,7 @@ def study_lock(engine: sa.Engine, name: str) -> Iterator[None]:
         local = _THREAD_LOCKS.setdefault((str(engine.url), name), threading.Lock())
     with local:
         if engine.dialect.name == "sqlite":
-            from filelock import FileLock
-
-            with FileLock(f"{engine.url.database}.search-{name}.lock", timeout=600):
+            with vanishing_lock(Path(f"{engine.url.database}.search-{name}.lock"), timeout=600):
                 yield
         elif engine.dialect.name == "postgresql":
             key = zlib.crc32(f"ablate-search:{name}".encode()) - 2**31

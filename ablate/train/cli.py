@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ablate import store
 from ablate.config import TrialConfig
 from ablate.plugins import stored
-from ablate.config.errors import AblateError
+from ablate.config.errors import AblateError, one_line
 from ablate.train.state import Dist, Settings
 from ablate.train.loop import train
 from ablate.config.settings import environment
@@ -52,8 +52,33 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+class Unfailing:
+    """stdout or stderr whose writes never raise: the run's log may sit on a full disk, and a line lost there must
+    not fail a run that trained (`print` raising OSError at the end once turned a completed run into a failed one)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except (OSError, ValueError):  # ENOSPC, EIO, or a closed stream
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if not isinstance(sys.stderr, Unfailing):
+        sys.stdout, sys.stderr = Unfailing(sys.stdout), Unfailing(sys.stderr)
     dist_ = _init_dist()
     engine = claimant = None
     try:
@@ -67,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             text = Path(args.config[1:]).read_text() if args.config.startswith("@") else args.config
             trial = TrialConfig.model_validate(json.loads(text))
-        stored.ensure(trial)  # exactly the plugin code the trial was registered with
+        trial = stored.ensure(trial)  # exactly the plugin code the trial was registered with
         settings = Settings(artifacts=Path(args.artifacts).resolve(), db_url=args.db, run_id=args.run_id,
                             checkpoint_every=args.checkpoint_every, memory_cap_mb=args.memory_cap_mb,
                             resume=not args.no_resume, progress=not args.quiet, device=args.device,
@@ -79,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({k: v for k, v in outcome.items() if k not in ("notes", "finished_at")}, default=str))
         return 0 if outcome["status"] in ("completed", "oom", "diverged") else 3
     except Exception as exc:  # recorded on the run row (under our claim), so no run stays `running`
-        message = str(exc) if isinstance(exc, AblateError) else "".join(traceback.format_exception(exc))[-4000:]
+        if not isinstance(exc, AblateError):
+            traceback.print_exception(exc, file=sys.stderr)  # the whole of it in the log; one line on the row
+        message = one_line(exc, whole_log())
         if engine is not None and claimant is not None and dist_.is_main:
             try:
                 store.update_run(engine, args.run_id, claimant=claimant, status="failed", error=store.redact(message),
@@ -91,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if dist_.distributed and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def whole_log() -> str:
+    """Where this trainer's whole output goes: the runner's log for its run, else the terminal that started it."""
+    return environment().run_log or "the trainer's stderr"
 
 
 def _claim(engine: Any, run: store.Run, dist_: Dist) -> str | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +22,8 @@ import torch
 
 from ablate.train import budget as bud
 from ablate.config import TrialConfig
-from ablate.config.errors import AblateError
+from ablate.config.errors import one_line
+from ablate.config.settings import environment
 from ablate.train.checkpoint import load_checkpoint, rng_state, set_rng_state
 from ablate.train.device import check_memory, is_oom
 from ablate.train.recorder import PendingLosses
@@ -55,7 +55,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
         ended = loop(t, state, stop)
     except Exception as exc:  # noqa: BLE001 - recorded, then re-raised for the runner
         t.clock.stop()
-        t.finalize("failed", "".join(traceback.format_exception(exc))[-4000:])
+        t.finalize("failed", one_line(exc, environment().run_log or "the trainer's stderr"))
         raise
     finally:
         stop.uninstall()
@@ -302,9 +302,10 @@ def finish(t: Trainer, s: LoopState) -> Outcome:
             checkpoint(t, s.interval)
             if t.dist.is_main:
                 t.prepared.save_tokenizer(t.ckpt_path.parent / "tokenizer")
-        except (AblateError, OSError) as exc:  # the result is in hand and its points are in the DB: keep it
-            t.progress.notes["final_checkpoint"] = f"not written: {str(exc)[:500]}"
-            print(f"warning: the run's result is kept, but its final checkpoint was not written: {exc}",
+        except Exception as exc:  # noqa: BLE001 - the result is in hand and its points are in the DB: keep it
+            said = one_line(exc, "the run's log").split("; the whole traceback")[0][:500]
+            t.progress.notes["final_checkpoint"] = f"not written: {said}"
+            print(f"warning: the run's result is kept, but its final checkpoint was not written: {said}",
                   file=sys.stderr)
     if not math.isfinite(final_eval):
         return t.finalize("diverged", f"eval loss {final_eval}", final_train, final_eval)

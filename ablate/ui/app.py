@@ -141,12 +141,15 @@ class Dashboard:
         return self.cache.get("study", row.id, finished, lambda: _study(self.engine, row.name), every=STUDY_EVERY)
 
     def run(self, run_id: int) -> dict[str, Any]:
+        run_id = _run_id(run_id)
         return _run(self.engine, run_id, self.artifacts)
 
     def sample(self, run_id: int, prompt: str = "Once upon a time", tokens: int = 48) -> dict[str, Any]:
+        run_id = _run_id(run_id)
         return {"prompt": prompt, "completion": self.samples.complete(run_id, prompt, tokens)}
 
     def run_curves(self, run_id: int, x: str = "steps") -> dict[str, Any]:
+        run_id = _run_id(run_id)
         return {split: [{"label": split, "x": c[0], "mean": c[1], "low": None, "high": None}
                         for c in live.curves(self.engine, [run_id], x, split).values()] for split in ("train", "eval")}
 
@@ -206,6 +209,7 @@ def _pages(app: Any, engine: sa.Engine, db_text: str) -> None:
 
     @app.get("/run/{run_id}", response_class=HTMLResponse)
     def run_page(run_id: int) -> HTMLResponse:
+        _run_id(run_id)
         return html("run.html.j2", run_id=run_id, x_kinds=live.X_KINDS)
 
     @app.get("/search", response_class=HTMLResponse)
@@ -218,6 +222,11 @@ def _guard(token: str | None) -> Any:
     from fastapi.responses import PlainTextResponse, RedirectResponse
 
     async def guard(request: Any, call_next: Any) -> Any:
+        if token is None and not loopback(request.headers.get("host", "")):
+            return PlainTextResponse("ablate ui without a token answers only loopback host names (localhost, 127.0.0.1, "
+                                     "[::1]): another name may be a web page reaching this dashboard through DNS "
+                                     "rebinding. To serve other names, start it with --host and a token "
+                                     "(ABLATE_UI_TOKEN)", status_code=403)
         if token is not None:
             given = request.query_params.get("token")
             if given is not None and _same(given, token):
@@ -236,6 +245,29 @@ def _guard(token: str | None) -> Any:
         return response
 
     return guard
+
+
+MAX_RUN_ID = 2**63 - 1  # a BIGINT: a larger number is no run (and no database may be asked for it)
+
+
+def _run_id(run_id: int) -> int:
+    if not 1 <= run_id <= MAX_RUN_ID:
+        raise AblateError(f"no run {run_id}: run ids are whole numbers from 1")
+    return run_id
+
+
+def loopback(host: str) -> bool:
+    """Whether a Host header names this machine's loopback: localhost (or a name under it), 127.x.y.z, [::1]."""
+    name = host.strip().lower()
+    if name.startswith("["):
+        name = name[1:].split("]", 1)[0]
+    elif name.count(":") == 1:
+        name = name.split(":", 1)[0]
+    name = name.rstrip(".")
+    if name == "localhost" or name.endswith(".localhost") or name == "::1":
+        return True
+    parts = name.split(".")
+    return len(parts) == 4 and parts[0] == "127" and all(p.isdigit() and int(p) < 256 for p in parts)
 
 
 def _same(given: str, token: str) -> bool:

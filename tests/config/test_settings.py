@@ -11,7 +11,7 @@ from ablate.config.errors import AblateError
 from ablate.config.settings import Settings, describe, environment, variable
 
 REPO = Path(__file__).resolve().parents[2]
-INTERNAL = {"ABLATE_CLAIMANT", "ABLATE_RUNNER_PID"}  # messages from a runner to its trainer, not settings
+INTERNAL = {"ABLATE_CLAIMANT", "ABLATE_RUNNER_PID", "ABLATE_RUN_LOG"}  # messages from a runner to its trainer, not settings
 
 
 def _environ_reads(path: Path) -> list[str]:

@@ -164,6 +164,7 @@ MALFORMED = [
     ("zero-layers", spec_with(defaults={**BASE["defaults"], "layers": 0}), ["defaults.layers", "greater than 0"]),
     ("lr-not-a-number", spec_with(defaults={**BASE["defaults"], "lr": "fast"}), ["defaults.lr", "'fast'"]),
     ("bad-duration", spec_with(budget={"wall_clock": "12 hours"}), ["budget", "'12 hours' is not a duration", "2h15m"]),
+    ("wall-clock-past-a-year", spec_with(budget={"wall_clock": "99999999999999999999d"}), ["budget", "over a year"]),
     ("two-budgets", spec_with(budget={"wall_clock": "1h", "steps": 10}), ["budget", "exactly one of"]),
     ("no-budget-kind", spec_with(budget={"hardware": "cpu"}), ["budget", "exactly one of"]),
     ("bad-hardware-name", spec_with(budget={"steps": 5, "hardware": "RTX 3060"}), ["budget", "lowercase name"]),
@@ -208,6 +209,32 @@ def test_malformed_spec_gets_a_clear_error(tmp_path, data, needles):
     assert str(path) in message
     for needle in needles:
         assert needle in message, f"{needle!r} not in:\n{message}"
+
+
+def test_a_mistake_in_defaults_is_said_once_for_every_trial_it_breaks_with_where_lists_go(tmp_path):
+    path = write(tmp_path, spec_with(defaults={**BASE["defaults"], "layers": [1, 2]}))  # 3 trials
+    with pytest.raises(SpecError) as info:
+        load_trials(path)
+    message = str(info.value)
+    assert message.count("defaults.layers") == 1 and "1 problem in sweep spec" in message, message
+    assert "a list of values is a grid axis: put it in a grid block, e.g. grid: [{layers: [1, 2]}]" in message
+    assert "[trial architecture=llama, d_model=32, heads=4; and 2 more trial(s)]" in message
+
+
+def test_a_sweep_name_has_one_limit_on_every_engine_and_automatic_names_are_cut_with_a_hash(tmp_path):
+    from ablate.config.load import override_spec
+    from ablate.config.sweep import NAME_MAX
+    from ablate.store.schema import Sweep
+
+    assert Sweep.__table__.c.name.type.length == NAME_MAX  # the spec's limit is the column's, on every engine
+    path = write(tmp_path, spec_with())
+    with pytest.raises(SpecError, match="name: String should have at most 200 characters"):
+        override_spec(path, {"name": "a" * 250})
+    sets = [f"defaults.options.k{i}=value-{i}" for i in range(59)]
+    names = {override_spec(path, {"set": sets[:n]}).name for n in (58, 59)}
+    assert len(names) == 2 and all(len(n) == NAME_MAX and n.startswith("t-defaults-options-k0-value-0") for n in names)
+    long_said = str(pytest.raises(SpecError, override_spec, path, {"set": ["x" * 5000]}).value)
+    assert len(long_said) < 1000 and "xxx..." in long_said  # the argument echoed, cut
 
 
 def test_grid_over_the_limit_is_refused_with_its_count():

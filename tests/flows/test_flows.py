@@ -236,6 +236,30 @@ def test_sweep_run_loads_and_registers_the_sweep_once(prefect_harness, tmp_path,
     assert sorted(statuses(url).values()) == ["completed", "completed"]
 
 
+@pytest.mark.slow
+def test_sweep_run_exits_1_when_runs_it_owed_ended_cancelled(prefect_harness, tmp_path, monkeypatch, capsys):
+    """`ablate sweep run S && ablate report S` must not report as if the sweep had finished."""
+    import signal
+
+    from ablate.cli import main
+
+    for name in ("ABLATE_DB_URL", "PREFECT_LOGGING_LEVEL", "PREFECT_SERVER_ANALYTICS_ENABLED", "DO_NOT_TRACK",
+                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"):  # the command sets them for its process
+        monkeypatch.delenv(name, raising=False)
+    spec = smoke_spec(tmp_path)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    assert main(["sweep", "register", str(spec), "--db", url]) == 0
+    assert main(["sweep", "cancel", "smoke", "--db", url]) == 0
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        code = main(["sweep", "run", str(spec), "--db", url, "--artifacts", str(tmp_path / "art"), "--threads", "1"])
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    err = capsys.readouterr().err
+    assert code == 1 and "sweep smoke did not finish: 4 cancelled" in err, err[-3000:]
+    assert set(statuses(url).values()) == {"cancelled"}
+
+
 def test_runs_to_do_rules(sqlite_url, tmp_path):
     spec = smoke_spec(tmp_path)
     _, sweep_id, ids = runner.register(spec, sqlite_url)

@@ -299,6 +299,39 @@ def test_a_result_over_the_byte_cap_is_refused_quickly_with_the_limit(registered
     assert "more than ten bytes" in capsys.readouterr().out
 
 
+PEAK = """
+import resource, sys
+from ablate import results
+from ablate.config.errors import AblateError
+results.read_only_query("SELECT 1", sys.argv[1])  # imports and the connection, before the baseline
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    results.read_only_query(sys.argv[2], sys.argv[1])
+except AblateError as exc:
+    print(str(exc))
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+
+
+def test_the_byte_cap_is_counted_as_rows_arrive_not_after_a_batch_is_in_memory(registered):
+    """20 rows of 60 MB against the 64 MiB cap: refused at the second row (peak 1.35 GB on SQLite and 2.4 GB on
+    PostgreSQL when a 1000-row batch was fetched before counting), and the cursor closes without a traceback."""
+    import subprocess
+    import sys
+
+    from tests.helpers import cli_env
+
+    rows = ("SELECT repeat('x', 60000000) FROM generate_series(1, 20)" if is_postgres(registered) else
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20) "
+            "SELECT hex(zeroblob(30000000)) FROM n")
+    done = subprocess.run([sys.executable, "-c", PEAK, registered, rows], capture_output=True, text=True,
+                          env=cli_env(), timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    said, peak_mb = done.stdout.splitlines()
+    assert said.startswith("the query's result is over the 64 MiB limit")
+    assert int(peak_mb) < 400, peak_mb  # two rows (120 MB) and their copies in flight
+
+
 def test_bad_limits_say_where_they_came_from(registered, capsys, monkeypatch):
     monkeypatch.setenv("ABLATE_SQL_TIMEOUT", "soon")
     assert main(["sql", "SELECT 1", "--db", registered]) == 2

@@ -346,6 +346,24 @@ def test_two_workers_on_one_study_make_exactly_n_trials(db_url, tmp_path, artifa
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
     runs = runs_of(db_url)
     assert sorted(r.study_trial for r in runs) == [0, 1, 2] and len({r.fingerprint for r in runs}) == 3
+    assert not list(tmp_path.rglob("*.lock"))  # the SQLite study lock left no file beside the results DB
+
+
+def test_the_study_lock_excludes_other_processes_and_leaves_no_file(tmp_path):
+    """Four processes take the lock 25 times each and append to a file while holding it: no two inside at once
+    (each append reads the count it increments), and nothing is left beside the DB."""
+    path = tmp_path / "r.db.search-s.lock"
+    code = ("import sys\nfrom pathlib import Path\nfrom ablate.search.claims import vanishing_lock\n"
+            "count = Path(sys.argv[2])\n"
+            "for _ in range(25):\n"
+            "    with vanishing_lock(Path(sys.argv[1]), timeout=60):\n"
+            "        n = int(count.read_text() or 0)\n"
+            "        count.write_text(str(n + 1))\n")
+    count = tmp_path / "count"
+    count.write_text("0")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(count)]) for _ in range(4)]
+    assert [p.wait(timeout=patience(120)) for p in procs] == [0] * 4
+    assert count.read_text() == "100" and not path.exists()
 
 
 @pytest.mark.slow

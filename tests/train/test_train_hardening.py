@@ -93,8 +93,9 @@ def test_a_new_attempt_from_step_zero_replaces_the_killed_attempts_points(sqlite
     assert max(r.step for r in rows if r.split == "train") <= 30
 
 
-def _train_under_a_file_size_limit(tmp_path, budget: dict, *args: str):
-    """A real write failure (a file-size limit on the trainer, EFBIG like ENOSPC) for a run's checkpoints."""
+def _train_under_a_file_size_limit(tmp_path, budget: dict, *args: str, full_log: bool = False):
+    """A real write failure (a file-size limit on the trainer, EFBIG like ENOSPC) for a run's checkpoints;
+    `full_log`: its output goes to /dev/full (ENOSPC on every write), as a log on the same full disk would."""
     from ablate.data import prepare
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
@@ -107,9 +108,10 @@ def _train_under_a_file_size_limit(tmp_path, budget: dict, *args: str):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failing write, not a killed process
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
+    output = {"stdout": open("/dev/full", "w"), "stderr": subprocess.STDOUT} if full_log else {"capture_output": True}
     proc = subprocess.run([sys.executable, "-m", "ablate.train", "--run-id", str(run_id), "--artifacts", str(art),
                            "--quiet", "--threads", "1", *args], env=cli_env(ABLATE_DB_URL=url), preexec_fn=limit,
-                          capture_output=True, text=True, timeout=patience(300))
+                          text=True, timeout=patience(300), **output)
     return proc, store.get_run(store.connect(url), run_id), art
 
 
@@ -130,3 +132,37 @@ def test_a_finished_run_whose_final_checkpoint_cannot_be_written_keeps_its_resul
     assert run.status == "completed" and run.steps == 5 and run.final_eval_loss is not None, (run.status, run.error)
     assert run.notes["final_checkpoint"].startswith("not written: cannot write checkpoint")
     assert not list(art.glob("runs/**/*.tmp"))
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_finished_run_whose_log_is_on_the_full_disk_too_stays_completed(tmp_path):
+    """The warning that keeps the result cannot be written either: the run still ends completed, not failed (and
+    trained again from step 0 by the next sweep run)."""
+    proc, run, _ = _train_under_a_file_size_limit(tmp_path, {"steps": 5}, full_log=True)
+    assert proc.returncode == 0
+    assert run.status == "completed" and run.error is None and run.final_eval_loss is not None
+    assert run.notes["final_checkpoint"].startswith("not written: cannot write checkpoint")
+
+
+def test_a_stored_error_is_one_line_saying_where_the_whole_traceback_is(tmp_path, sqlite_url):
+    from ablate.config.errors import one_line
+    from ablate.runner.trials import classify
+
+    try:
+        {}["missing"]
+    except KeyError as exc:
+        said = one_line(exc, "/logs/run-1.log")
+    assert "\n" not in said and said.startswith("KeyError: 'missing' (at test_train_hardening.py:")
+    assert said.endswith("; the whole traceback is in /logs/run-1.log")
+    assert one_line(AblateError("a message\nof two lines"), "x") == "a message\nof two lines"  # ours: as written
+
+    run_id = registered(sqlite_url, make_trial())
+    engine = store.connect(sqlite_url)
+    store.claim_run(engine, run_id, "me")
+    log = tmp_path / "run.log"
+    log.write_text("step 1\nTraceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+                   "RuntimeError: CUDA error: an illegal memory access was encountered\n\n")
+    assert classify(engine, run_id, 1, log, "me") == "failed"
+    error = store.get_run(engine, run_id).error
+    assert error == (f"trainer exited with code 1: RuntimeError: CUDA error: an illegal memory access was "
+                     f"encountered; the whole log is {log}")

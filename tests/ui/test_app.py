@@ -22,7 +22,7 @@ from tests.ui.conftest import HOSTILE, build, loss, write_curve
 def client(ui_db):
     from fastapi.testclient import TestClient
 
-    return TestClient(make_app(store.reader(ui_db["url"])))
+    return TestClient(make_app(store.reader(ui_db["url"])), base_url="http://127.0.0.1")
 
 
 def test_sweeps_are_listed_with_counts_budget_and_hardware(client):
@@ -113,7 +113,7 @@ def test_a_run_page_has_its_config_error_and_log_tail(ui_db, tmp_path):
     log = tmp_path / "logs" / store.database_id(engine)[:16] / f"run-{ui_db['failed']}.log"
     log.parent.mkdir(parents=True)
     log.write_text("".join(f"line {i}\n" for i in range(500)) + f"boom {HOSTILE}\n")
-    data = TestClient(make_app(engine, artifacts=tmp_path)).get(f"/api/run/{ui_db['failed']}").json()
+    data = TestClient(make_app(engine, artifacts=tmp_path), base_url="http://127.0.0.1").get(f"/api/run/{ui_db['failed']}").json()
     assert data["sweep"] == ui_db["hostile"] and data["fields"]["status"] == "failed"
     assert data["error"].startswith(f"RuntimeError: {HOSTILE}") and data["config"]["architecture"] == "mixer"
     lines = data["log"].splitlines()
@@ -147,7 +147,7 @@ def test_nothing_writes_the_database(client, ui_db):
 def test_a_token_guards_every_request_and_a_bind_beyond_localhost_needs_one(ui_db):
     from fastapi.testclient import TestClient
 
-    client = TestClient(make_app(store.reader(ui_db["url"]), token="s3cret-t0ken"))
+    client = TestClient(make_app(store.reader(ui_db["url"]), token="s3cret-t0ken"), base_url="http://127.0.0.1")
     denied = client.get("/api/sweeps")
     assert denied.status_code == 401 and "s3cret" not in denied.text
     assert client.get("/api/sweeps", headers={"Authorization": "Bearer wrong"}).status_code == 401
@@ -159,6 +159,22 @@ def test_a_token_guards_every_request_and_a_bind_beyond_localhost_needs_one(ui_d
         check_bind("0.0.0.0", 0, None)
     check_bind("0.0.0.0", 0, "s3cret-t0ken")
     check_bind("127.0.0.1", 0, None)
+    assert client.get("/api/sweeps", headers={"Host": "rebound.example"}).status_code == 200  # the token guards it
+
+
+@pytest.mark.parametrize("host,answered", [("127.0.0.1:8765", True), ("localhost:8765", True), ("[::1]:8765", True),
+                                           ("LOCALHOST", True), ("app.localhost", True), ("127.0.0.2", True),
+                                           ("attacker.example:8765", False), ("127.0.0.1.attacker.example", False),
+                                           ("192.168.1.5:8765", False), ("", False), ("localhost.evil.com", False)])
+def test_without_a_token_only_loopback_host_names_are_answered(ui_db, host, answered):
+    """A web page that rebinds its own name to 127.0.0.1 sends its name as Host: without a token, refused."""
+    from fastapi.testclient import TestClient
+
+    client = TestClient(make_app(store.reader(ui_db["url"])), base_url="http://127.0.0.1")
+    got = client.get("/api/sweeps", headers={"Host": host})
+    assert (got.status_code == 200) is answered, (host, got.status_code)
+    if not answered:
+        assert got.status_code == 403 and "DNS rebinding" in got.text and "widths" not in got.text
 
 
 def test_the_dashboard_reads_a_postgres_results_db_too(postgres_url, tmp_path):
@@ -167,7 +183,7 @@ def test_the_dashboard_reads_a_postgres_results_db_too(postgres_url, tmp_path):
     from fastapi.testclient import TestClient
 
     db = build(postgres_url, tmp_path)
-    client = TestClient(make_app(store.reader(postgres_url)))
+    client = TestClient(make_app(store.reader(postgres_url)), base_url="http://127.0.0.1")
     sweeps = {s["name"]: s for s in client.get("/api/sweeps").json()["sweeps"]}
     assert sweeps["widths"]["counts"] == {"completed": 7, "running": 1} and db["hostile"] in sweeps
     page = client.get("/api/runs", params={"sweep": "widths", "filter": "d_model=64", "sort": "-eval"}).json()
@@ -212,7 +228,7 @@ def test_a_db_without_searches_lists_none(tmp_path):
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
     runner.register(spec_file(tmp_path, "only"), url)
-    data = TestClient(make_app(store.reader(url))).get("/api/sweeps").json()
+    data = TestClient(make_app(store.reader(url)), base_url="http://127.0.0.1").get("/api/sweeps").json()
     assert data["searches"] == [] and [s["name"] for s in data["sweeps"]] == ["only"]
 
 
@@ -226,10 +242,22 @@ def test_a_database_that_goes_away_is_one_line_the_page_shows(tmp_path):
     runner.register(spec_file(tmp_path, "gone"), url)
     store.migrate.close_engines()
     reader = store.reader(url)
-    client = TestClient(make_app(reader))
+    client = TestClient(make_app(reader), base_url="http://127.0.0.1")
     assert client.get("/api/sweeps").status_code == 200
     for path in tmp_path.glob("r.db*"):
         path.unlink()
     reader.dispose()
     gone = client.get("/api/runs", params={"sweep": "gone"})
     assert gone.status_code == 503 and gone.json()["error"].startswith("the results DB cannot be read now: ")
+
+
+def test_a_run_id_past_any_integer_column_is_one_line_not_a_500(ui_db):
+    from fastapi.testclient import TestClient
+
+    client = TestClient(make_app(store.reader(ui_db["url"])), base_url="http://127.0.0.1")
+    for path in ("/api/run/{}", "/api/run/{}/curves", "/api/run/{}/sample", "/run/{}"):
+        for run_id in ("12345678901234567890", "0", "-3"):
+            got = client.get(path.format(run_id))
+            assert got.status_code == 400 and got.json() == {"error": f"no run {int(run_id)}: run ids are whole "
+                                                                      "numbers from 1"}, (path, run_id, got.text)
+    assert client.get(f"/api/run/{2**63 - 1}").status_code == 400  # the largest id: asked, and not there

@@ -31,13 +31,13 @@ def test_a_run_page_samples_from_its_checkpoint(tmp_path):
     store.claim_run(engine, trained, "test")
     train(TrialConfig.model_validate(store.get_run(engine, trained).config),
           Settings(artifacts=tmp_path / "art", db_url=url, run_id=trained, progress=False, log_points=4))
-    client = TestClient(make_app(store.reader(url), artifacts=tmp_path / "art"))
+    client = TestClient(make_app(store.reader(url), artifacts=tmp_path / "art"), base_url="http://127.0.0.1")
     got = client.get(f"/api/run/{trained}/sample", params={"prompt": "Once upon a time", "tokens": 8}).json()
     trial, model, tokenizer = load_run_model(trained, url, tmp_path / "art")
     assert got["completion"] == complete(model, tokenizer, "Once upon a time", trial.context, max_new=8)
     assert got["completion"].strip() and got["prompt"] == "Once upon a time"  # the continuation, without the prompt
     none = client.get(f"/api/run/{untrained}/sample").json()["error"]
     assert f"run {untrained} (pending) has no checkpoint" in none
-    elsewhere = TestClient(make_app(store.reader(url), artifacts=tmp_path / "other"))
+    elsewhere = TestClient(make_app(store.reader(url), artifacts=tmp_path / "other"), base_url="http://127.0.0.1")
     assert "outside the artifacts folder" in elsewhere.get(f"/api/run/{trained}/sample").json()["error"]
     assert "tokens from 1 to 256" in client.get(f"/api/run/{trained}/sample", params={"tokens": 0}).json()["error"]
