@@ -27,9 +27,9 @@ def plan(spec: str, max_trials: int, all_: bool, **params: Any) -> int:
     from ablate.config import load_trials
 
     parsed, trials = load_trials(spec, max_trials=max_trials, overrides=overrides_of(params))
-    from ablate.plugins.guard import refuse_broken_plugins  # plugin code runs in a child: plan stays torch-free
+    from ablate.plugins.guard import plugin_modules, refuse_broken_plugins  # in a child: plan stays torch-free
 
-    refuse_broken_plugins(trials, "`ablate sweep run` (and register) will refuse this sweep")
+    refuse_broken_plugins(trials, "`ablate sweep run` (and register) will refuse this sweep", plugin_modules(parsed))
     console.print(trials_table(parsed, trials, len(trials) if all_ else min(len(trials), STATUS_ROWS)))
     _print_plugins(trials)
     per_class = budget_per_class(trials)

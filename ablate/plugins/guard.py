@@ -13,9 +13,11 @@ caller's process imports no torch for it.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +29,12 @@ CHECK_SECONDS = 120.0  # `ablate check`: the whole contract (ten training steps)
 SENTINEL = "ABLATE-CHECK-RESULT "  # the child's last line: its result as JSON
 
 
-def refuse_broken_plugins(trials: list[Any], said: str = "refused before anything was registered") -> None:
+def refuse_broken_plugins(trials: list[Any], said: str = "refused before anything was registered",
+                          modules: Sequence[str] = ()) -> None:
     """An AblateError naming every plugin family of `trials` that fails the contract's fast part (`said`: what
-    the refusal means for the command asking)."""
-    cases, loads = {}, []
+    the refusal means for the command asking; `modules`: the sweep's `plugins:` that are modules, which the child
+    imports as the sweep did)."""
+    cases, loads = {}, [[module, None] for module in modules]
     for trial in trials:
         family = registry.families().get(trial.architecture)
         if family is not None and family.source.identity is not None:
@@ -52,6 +56,13 @@ def refuse_broken_plugins(trials: list[Any], said: str = "refused before anythin
                           "the whole contract")
 
 
+def plugin_modules(spec: Any) -> list[str]:
+    """A sweep's `plugins:` that are importable modules (files are loaded by their registered text)."""
+    from ablate.plugins.load import looks_like_file
+
+    return [ref for ref in spec.plugins if isinstance(ref, str) and not looks_like_file(ref)]
+
+
 def _how_to_load(entry: Any) -> list[str | None] | None:
     """How a child process gets the code of a plugin entry: [path to load, path to record] for a file (the exact
     text registered, written by its identity), [module, None] for an importable one; None: built-in, or an
@@ -71,8 +82,10 @@ def run_child(request: dict[str, Any], seconds: float, what: str) -> dict[str, A
     """`request` done by a child process within `seconds`; its result, or an AblateError saying why there is none."""
     nonce = secrets.token_hex(8)  # the result line is the child's own, not something a plugin printed
     try:
+        # the child imports what this process can: its sys.path (a plugin module found through it) goes along
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         done = subprocess.run([sys.executable, "-m", "ablate.plugins.guard"], input=json.dumps({**request, "nonce": nonce}),
-                              text=True, capture_output=True, timeout=seconds)
+                              text=True, capture_output=True, timeout=seconds, env=env)
     except subprocess.TimeoutExpired:
         raise AblateError(f"{what} did not finish in {seconds:g} s: does the model's forward (or its build) "
                           "return?") from None

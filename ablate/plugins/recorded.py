@@ -14,6 +14,7 @@ Facts are keyed by (name, identity): the same code registers the same facts, so 
 
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
@@ -129,8 +130,13 @@ def _read(name: str, identity: str) -> dict[str, Any]:
 def _options_model(name: str, defaults: dict[str, Any]) -> Any:
     """Options that take any keys (they were validated when the sweep was registered) and fill in the defaults."""
     fields = {key: (Any, value) for key, value in defaults.items() if key.isidentifier() and not key.startswith("_")}
-    return pydantic.create_model(f"Recorded_{abs(hash(name))}", __config__=pydantic.ConfigDict(extra="allow"),
-                                 **fields)
+    config = pydantic.ConfigDict(extra="allow", protected_namespaces=())
+    try:
+        with warnings.catch_warnings():  # a field named like a BaseModel attribute: the plugin's own Options had it
+            warnings.simplefilter("ignore")
+            return pydantic.create_model(f"Recorded_{abs(hash(name))}", __config__=config, **fields)
+    except (TypeError, ValueError, NameError):  # a name pydantic keeps for itself: the options as stored, no defaults
+        return pydantic.create_model(f"Recorded_{abs(hash(name))}", __config__=config)
 
 
 def _refusing(name: str, identity: str) -> SimpleNamespace:

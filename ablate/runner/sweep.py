@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict
 
 from ablate import store
-from ablate.plugins.guard import refuse_broken_plugins
+from ablate.plugins.guard import plugin_modules, refuse_broken_plugins
 from ablate.config.errors import AblateError
 from ablate.config import TrialConfig, load_trials
 
@@ -30,7 +30,7 @@ def register(spec_path: str | Path, db_url: str | None = None, max_trials: int =
     that would leave results of other trials under its name is refused unless `merge` (store.register_sweep).
     """
     spec, trials = load_trials(spec_path, max_trials=max_trials, overrides=overrides)
-    refuse_broken_plugins(trials)
+    refuse_broken_plugins(trials, modules=plugin_modules(spec))
     for note in spec.overrides if say is not None else ():
         say(f"sweep {spec.name}: {note}")
     engine = store.connect(db_url)

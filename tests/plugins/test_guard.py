@@ -147,3 +147,19 @@ def test_check_of_a_forward_that_never_returns_ends_at_its_limit(tmp_path, monke
     monkeypatch.setattr(guard, "CHECK_SECONDS", 20.0)
     assert main(["check", "guarded", "--plugin", "./guarded.py"]) == 2
     assert "the contract check of guarded did not finish in 20 s" in capsys.readouterr().err
+
+
+def test_a_module_plugin_is_checked_in_the_child_as_the_sweep_imported_it(tmp_path, sqlite_url, monkeypatch):
+    """plugins: [a package] (importable here through sys.path): the child imports it the same way, and its leak is
+    found there."""
+    from ablate import runner
+
+    package = tmp_path / "leakypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from . import model  # registers on import\n")
+    (package / "model.py").write_text(HEAD.format(**{"build": "    return Model(trial, vocab_size)", "declared": "",
+                                                      **PLUGINS["train-mode-leak"]}))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = sweep_file(tmp_path, ["leakypkg"], architectures=("guarded",))
+    with pytest.raises(AblateError, match="architecture 'guarded' .*causal \\(train\\)"):
+        runner.register(spec, sqlite_url)

@@ -147,3 +147,9 @@ def test_reading_commands_never_run_a_stored_source_edited_in_a_copy_of_the_db(t
     assert pages["/api/run/1"]["config"]["architecture"] == "conv-test"
     assert "reading commands never run code" in pages["/api/run/1/sample"]["error"]
     assert not marker.exists()
+
+
+def test_recorded_options_read_whatever_names_the_facts_hold():
+    """Facts are data from a DB: option names pydantic keeps for itself or that are no identifiers still read."""
+    model = recorded._options_model("x", {"schema": 2, "copy": 3, "kernel": 4, "not a name": 5, "_private": 6})
+    assert model(kernel=5, other=1).model_dump(mode="json") == {"schema": 2, "copy": 3, "kernel": 5, "other": 1}
