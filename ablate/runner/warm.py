@@ -286,6 +286,9 @@ class WarmTrainer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()  # reaped: no zombie left, and its CPU lands in this process's RUSAGE_CHILDREN
+        with self._news:  # dead now, not once the reader thread sees the pipe close (`helper()` would hand it out)
+            self.dead = True
+            self._news.notify_all()
 
 
 _HELPER: WarmTrainer | None = None
