@@ -19,7 +19,7 @@ from ablate.config import TrialConfig
 from ablate.plugins import stored
 from ablate.config.errors import AblateError, one_line
 from ablate.train.state import Dist, Settings
-from ablate.train.loop import train
+from ablate.train.loop import train, whole_log
 from ablate.config.settings import environment
 
 
@@ -118,11 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if dist_.distributed and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def whole_log() -> str:
-    """Where this trainer's whole output goes: the runner's log for its run, else the terminal that started it."""
-    return environment().run_log or "the trainer's stderr"
 
 
 def _claim(engine: Any, run: store.Run, dist_: Dist) -> str | None:

@@ -55,11 +55,16 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
         ended = loop(t, state, stop)
     except Exception as exc:  # noqa: BLE001 - recorded, then re-raised for the runner
         t.clock.stop()
-        t.finalize("failed", one_line(exc, environment().run_log or "the trainer's stderr"))
+        t.finalize("failed", one_line(exc, whole_log()))
         raise
     finally:
         stop.uninstall()
     return ended if ended is not None else finish(t, state)
+
+
+def whole_log() -> str:
+    """Where this trainer's whole output goes: the runner's log for its run, else the terminal that started it."""
+    return environment().run_log or "the trainer's stderr"
 
 
 # ---------------------------------------------------------------- warm-up
