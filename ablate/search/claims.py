@@ -112,6 +112,7 @@ def claim(study: optuna.Study, storage: optuna.storages.RDBStorage, engine: sa.E
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used", category=UserWarning)
         optuna.storages.fail_stale_trials(study)
+        take_over_dead(study, storage, engine)
         trials = study.get_trials(deepcopy=False)
         if trials_counted(trials) >= n_trials:
             return None
@@ -121,3 +122,35 @@ def claim(study: optuna.Study, storage: optuna.storages.RDBStorage, engine: sa.E
         storage.record_heartbeat(trial._trial_id)  # Optuna's own heartbeat thread uses this private id too
         return trial
 
+
+def take_over_dead(study: optuna.Study, storage: optuna.storages.BaseStorage, engine: sa.Engine) -> list[int]:
+    """RUNNING trials whose run's trainer is gone by the sweeps' rule (the run `running` with a stale heartbeat, or
+    its processes gone from this host: store.is_live) are failed and re-queued, so a live worker trains them (from
+    their checkpoint) instead of counting them as running; their numbers. Optuna's own heartbeat rule (a worker
+    silent for the grace period) still catches a worker that died before its trainer started."""
+    from ablate import store
+
+    taken = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        run_id = trial.user_attrs.get("run_id")
+        if run_id is None:
+            continue
+        try:
+            run = store.get_run(engine, run_id)
+        except Exception:  # noqa: BLE001 - a row deleted meanwhile: Optuna's heartbeat rule decides
+            continue
+        if run.status != "running" or store.is_live(run):
+            continue
+        try:
+            storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+        except RuntimeError:  # its worker told it meanwhile: not dead after all
+            continue
+        requeue(study, trial)
+        taken.append(trial.number)
+    return taken
+
+
+def unfinished(study: optuna.Study) -> int:
+    """Trials of the study still running: a worker that finds n_trials counted waits for these (one may die and be
+    re-queued) rather than end the search with them unfinished."""
+    return len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))

@@ -4,6 +4,7 @@ the study and runs its workers here as threads, each on its own GPUs when the ma
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -14,7 +15,7 @@ import optuna
 from ablate import runner, store
 from ablate.config.errors import AblateError
 from ablate.config import SweepSpec, load_spec
-from ablate.search.claims import claim
+from ablate.search.claims import claim, unfinished
 from ablate.search.space import planned_trials
 from ablate.search.study import (GRACE_SECONDS, HEARTBEAT_SECONDS, create_study, default_seed, load_study,
                                  make_sampler, open_storage)
@@ -25,7 +26,8 @@ def run_worker(spec: SweepSpec, storage: optuna.storages.RDBStorage, opts: runne
                seed: int | None, spec_path: str | None = None, poll_seconds: float = 1.0,
                heartbeat_seconds: float = HEARTBEAT_SECONDS, on_trial: Callable[[TrialOutcome], None] | None = None,
                stop: threading.Event | None = None) -> list[TrialOutcome]:
-    """One worker: claim a trial, run it, tell it; until the study holds n_trials (or `stop` is set).
+    """One worker: claim a trial, run it, tell it; until the study holds n_trials, all finished (or `stop` is
+    set). While the last ones run under other workers it waits, and takes over one whose trainer died.
 
     With a seed, trial n samples with seed + n (reproducible for one worker, distinct across workers).
     """
@@ -36,7 +38,10 @@ def run_worker(spec: SweepSpec, storage: optuna.storages.RDBStorage, opts: runne
         trial = claim(study, storage, engine, n_trials,
                       sampler=None if seed is None else lambda n: make_sampler(spec.search, seed + n))
         if trial is None:
-            break
+            if not unfinished(study):  # every trial finished, not merely counted
+                break
+            time.sleep(max(poll_seconds, 1.0))  # another worker's trial runs: taken over here if its trainer dies
+            continue
         outcome = run_one(study, storage, trial, spec, opts, spec_path=spec_path, poll_seconds=poll_seconds,
                           heartbeat_seconds=heartbeat_seconds, stop=stop)
         outcomes.append(outcome)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
 import sys
 import threading
@@ -186,6 +187,59 @@ def test_a_dead_workers_trial_is_failed_requeued_and_its_finished_run_told(sqlit
     assert retry.system_attrs["retry_history"] == [0]
     (run,) = runs_of(sqlite_url)
     assert (run.id, run.study_trial, run.attempts) == (run_id, 1, 0)  # told from the row, never trained again
+
+
+def _a_worker_trains(spec, sqlite_url, storage, heartbeat_at):
+    """Another worker's trial, RUNNING in the study, its run `running` on another host, beaten at `heartbeat_at`."""
+    study = search.load_study(spec, storage, seed=0)
+    engine = store.connect(sqlite_url)
+    trial = search.claim(study, storage, engine, n_trials=1)
+    _, (run_id,) = store.register_sweep(engine, spec, [search.suggest_trial(trial, spec)])
+    trial.set_user_attr("run_id", run_id)
+    store.update_run(engine, run_id, study_name=spec.name, study_trial=trial.number, status="running",
+                     claimed_by="elsewhere:4242:cafe", host="elsewhere", heartbeat_at=heartbeat_at)
+    return study, trial, run_id
+
+
+def test_a_dead_workers_trial_is_taken_over_when_its_trainer_heartbeat_is_stale(sqlite_url, artifacts):
+    """Its worker died mid-trial: the survivor, finding n_trials counted, does not end the search with that trial
+    RUNNING; the run's stale heartbeat (the sweeps' rule, long before Optuna's grace period) hands it over."""
+    spec = parse_spec(tiny(n_trials=1))
+    storage = search.open_storage(sqlite_url, create=True)
+    search.create_study(spec, sqlite_url, storage=storage)
+    stale = store.utcnow() - dt.timedelta(seconds=store.STALE_SECONDS + 60)
+    study, trial, run_id = _a_worker_trains(spec, sqlite_url, storage, stale)
+    outcomes = search.run_search(spec, sqlite_url, runner.LaunchOptions(artifacts=artifacts), n_trials=1)
+    assert [(o.number, o.state, o.run_id) for o in outcomes] == [(1, "COMPLETE", run_id)]
+    dead, retry = study_of(sqlite_url).trials
+    assert dead.state == TrialState.FAIL and retry.params == dead.params and retry.state == TrialState.COMPLETE
+    (run,) = runs_of(sqlite_url)
+    assert run.status == "completed" and run.attempts == 1  # trained once, here
+
+
+def test_a_search_ends_only_when_a_live_workers_last_trial_has_finished(sqlite_url, artifacts):
+    spec = parse_spec(tiny(n_trials=1))
+    storage = search.open_storage(sqlite_url, create=True)
+    search.create_study(spec, sqlite_url, storage=storage)
+    study, trial, run_id = _a_worker_trains(spec, sqlite_url, storage, store.utcnow())
+    engine = store.connect(sqlite_url)
+    told = threading.Event()
+
+    def the_other_worker() -> None:  # beats its run, then finishes and tells its trial
+        for _ in range(4):
+            store.update_run(engine, run_id, heartbeat_at=store.utcnow())
+            time.sleep(1)
+        store.update_run(engine, run_id, status="completed", final_eval_loss=4.5, finished_at=store.utcnow())
+        study.tell(trial, 4.5)
+        told.set()
+
+    other = threading.Thread(target=the_other_worker)
+    other.start()
+    outcomes = search.run_search(spec, sqlite_url, runner.LaunchOptions(artifacts=artifacts), n_trials=1)
+    finished = told.is_set()
+    other.join()
+    assert outcomes == [] and finished  # it waited for the trial, trained nothing itself
+    assert [t.state for t in study_of(sqlite_url).trials] == [TrialState.COMPLETE]
 
 
 def test_a_trial_whose_config_is_already_training_follows_that_run(sqlite_url, artifacts):
