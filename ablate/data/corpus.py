@@ -223,6 +223,9 @@ def _text_column(ds, ref: DatasetRef):
     return ds.rename_column(ref.text_field, "text") if ref.text_field != "text" else ds
 
 
+MIN_TRAIN_SHARE = 0.5  # a held-out tail may take at most half of a corpus's documents
+
+
 def train_eval_documents(ref: DatasetRef, cache: Path | None = None):
     """(train, eval) documents: `limit` first, then the eval split or a held-out tail (whole documents, in order)."""
     train = load_documents(ref, cache=cache)
@@ -234,6 +237,11 @@ def train_eval_documents(ref: DatasetRef, cache: Path | None = None):
         n = ref.eval.holdout or 0
         if n >= len(train):
             raise AblateError(f"dataset.eval.holdout: {n} documents held out of only {len(train)}; hold out fewer")
+        if len(train) - n < MIN_TRAIN_SHARE * len(train):  # e.g. a study's holdout kept for a small --source file
+            raise AblateError(f"dataset.eval.holdout: {n} of {len(train)} documents held out leaves {len(train) - n} "
+                              f"({(len(train) - n) / len(train):.0%}) to train on, under {MIN_TRAIN_SHARE:.0%}: hold "
+                              f"out fewer (at most {int(len(train) * (1 - MIN_TRAIN_SHARE))}: --holdout N, --param "
+                              "holdout=N, or dataset.eval.holdout in the spec)")
         evaluation = train.select(range(len(train) - n, len(train)))
         train = train.select(range(len(train) - n))
     if ref.eval.limit is not None:

@@ -65,6 +65,15 @@ def test_limit_and_holdout(tinystories):
     assert train["text"] == all_docs[:90] and evaluation["text"] == all_docs[90:100]
 
 
+def test_a_holdout_that_leaves_under_half_the_documents_to_train_on_is_refused_with_the_numbers(tinystories):
+    """A study's holdout kept for a small `--source` file (200 of 221 held out) would train on 21 documents."""
+    with pytest.raises(AblateError, match=r"dataset.eval.holdout: 51 of 100 documents held out leaves 49 \(49%\) to "
+                                          r"train on, under 50%: hold out fewer \(at most 50"):
+        train_eval_documents(ref(tinystories, limit=100, eval={"holdout": 51}))
+    train, evaluation = train_eval_documents(ref(tinystories, limit=100, eval={"holdout": 50}))
+    assert len(train) == len(evaluation) == 50
+
+
 def test_missing_path_names_the_field_the_path_and_a_near_match(tmp_path, tinystories):
     with pytest.raises(AblateError) as info:
         load_documents(ref(tmp_path / "tinystorie.txt"))
