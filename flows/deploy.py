@@ -76,6 +76,29 @@ def ensure_zombie_automation() -> str:
     return f"automation {ZOMBIES!r} updated: flow runs silent for {silent} s are marked Crashed"
 
 
+def ensure_host_queue(pool: str, queue: str) -> None:
+    """The work queue of one host's trials in a pool (`ablate worker`), making the pool (no limit) if none exists
+    yet; a pool `ablate deploy` made keeps its limit."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(pool)
+        except ObjectNotFound:
+            try:
+                client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+            except ObjectAlreadyExists:  # another worker made it meanwhile
+                pass
+        try:
+            client.create_work_queue(name=queue, work_pool_name=pool,
+                                     description="one host's trials: a sweep sends a run here to avoid hosts that "
+                                                 "failed it")
+        except ObjectAlreadyExists:
+            pass
+
+
 def wait_for_api(timeout: float | None = None, say: Any = print) -> str:
     """Wait until the Prefect API at PREFECT_API_URL answers (a server that is still starting, as in docker
     compose); its URL. An AblateError saying what to do when none is set, or none answers within `timeout`

@@ -7,7 +7,9 @@ What a cluster does to trials, and what happens here (every `POLL_SECONDS`):
   run's heartbeat (`runs.heartbeat_at`, beaten by the trainer) goes stale. The flow run is set Crashed, which
   frees the slot, and the run is dispatched again: any worker resumes it from its last checkpoint (shared
   artifacts);
-- a trial flow run that ended while its run is still owed (a worker stopped: `preempted`): dispatched again;
+- a trial flow run that ended while its run is still owed (a worker stopped: `preempted`; a host that failed it
+  before claiming it: no results DB, a missing driver): dispatched again, up to MAX_DISPATCHES times, to a live
+  host that has not failed it (flows/hosts.py); a run still owed after that fails the sweep (flows/sweep.py);
 - a run cancelled in the DB (`ablate sweep cancel`, any host): its trial flow run is cancelled too;
 - this sweep flow run cancelled in Prefect: its trial flow runs are cancelled and their runs marked
   `cancelled` (their trainers checkpoint and stop within a heartbeat), by this process as it is stopped and
@@ -15,9 +17,10 @@ What a cluster does to trials, and what happens here (every `POLL_SECONDS`):
   this process (so a flow process that was stuck, or killed before it could, cancels its sweep all the same:
   the flow run carries the sweep's name and database as labels);
 - the Prefect API unreachable (a server restart): every call is retried with backoff for up to
-  `API_OUTAGE_SECONDS` while the trainers go on; a trial flow run whose process ended meanwhile stays Running
-  in Prefect, so a run whose row has its outcome is taken from the row (its flow run marked Crashed once
-  that is older than the stale limit, freeing the slot);
+  `API_OUTAGE_SECONDS` while the trainers go on (the log says when it went away and when it is back; the pool's
+  workers are checked again only WORKER_CHECK_SECONDS later, once they have beaten); a trial flow run whose
+  process ended meanwhile stays Running in Prefect, so a run whose row has its outcome is taken from the row (its
+  flow run marked Crashed once that is older than the stale limit, freeing the slot);
 - a sweep flow run started again (its first one died anyway): runs still training under the first one's
   trial flow runs are watched through those (found by their tag), not dispatched twice.
 """
@@ -34,39 +37,53 @@ import sqlalchemy as sa
 from ablate import runner, store
 from ablate.config.errors import AblateError
 from ablate.config.settings import environment
+from flows.hosts import first_error, redispatch_queue
 
 POLL_SECONDS = environment().dispatch_poll_seconds
 API_OUTAGE_SECONDS = environment().api_outage_seconds  # a Prefect server restart ridden out
 SETTLED = ("pending", "preempted", "running")  # row statuses that are not an outcome yet
 WORKER_CHECK_SECONDS = 60.0  # how often a sweep whose trials wait re-checks that their pool has a live worker
+API_BACK_AT = float("-inf")  # when the Prefect API last came back after an outage (time.monotonic)
 MAX_DISPATCHES = 5  # flow runs per run within one sweep flow run (each resumes the last one's checkpoint)
 
 
+class Dispatched:
+    """What a sweep flow run did with its runs on a pool: each run's final status (`results`), how often each went
+    out (`dispatches`) and the first error of each trial flow run that failed it (`failures`, host first)."""
+
+    def __init__(self) -> None:
+        self.results: dict[int, str] = {}
+        self.dispatches: Counter[int] = Counter()
+        self.failures: dict[int, list[str]] = {}
+
+
 def dispatch_to_pool(hardware: str, todo: list[int], opts: runner.LaunchOptions, engine: sa.Engine,
-                     log: Any, attach: list[int] = ()) -> dict[int, str]:
+                     log: Any, attach: list[int] = ()) -> Dispatched:
     """Run each of `todo` as a flow run of `trial/<hardware>` (with `opts` as its parameters) and watch them, and
-    `attach` (runs another sweep flow run dispatched, still training) through their trial flow runs;
-    {run id: final status}."""
+    `attach` (runs another sweep flow run dispatched, still training) through their trial flow runs. A run
+    dispatched again after a host failed it goes to another live host (flows/hosts.py)."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.runtime import flow_run as this_flow_run
 
     live: dict[int, Any] = {}  # run id -> its current trial flow run id (None: none known, the row says)
-    dispatches: Counter[int] = Counter()
-    results: dict[int, str] = {}
+    done = Dispatched()
+    dispatches = done.dispatches
+    database = store.database_id(engine)  # a trial's host must find this very database (runner.cluster_db_url)
     # a run dispatched again (its machine died, its worker stopped) is scheduled before every trial of the sweep
     # still waiting: workers take flow runs in order of scheduled time, so it does not queue behind the whole sweep
     first_dispatch = dt.datetime.now(dt.timezone.utc)
 
     tag = run_tag(engine)
 
-    def submit(rid: int) -> None:
+    def submit(rid: int, queue: str | None = None) -> None:
         again = {"scheduled_time": first_dispatch - dt.timedelta(seconds=1)} if dispatches[rid] else {}
         # the same key for a retried request: a creation whose answer was lost in an outage is not made twice
         key = f"{this_flow_run.id}:{rid}:{dispatches[rid]}"
         flow_run = ride_out(lambda: run_deployment(
-            f"trial/{hardware}", parameters={"run_id": rid, **opts.flow_parameters()}, timeout=0, as_subflow=True,
-            tags=[tag(rid)], idempotency_key=key, **again), log, f"dispatching run {rid}")
+            f"trial/{hardware}", parameters={"run_id": rid, **opts.flow_parameters(), "database": database},
+            timeout=0, as_subflow=True, tags=[tag(rid)], idempotency_key=key, work_queue_name=queue, **again),
+            log, f"dispatching run {rid}")
         live[rid] = flow_run.id
         dispatches[rid] += 1
 
@@ -85,20 +102,21 @@ def dispatch_to_pool(hardware: str, todo: list[int], opts: runner.LaunchOptions,
         try:
             while live:
                 time.sleep(POLL_SECONDS)
-                waiting = ride_out(lambda: _watch_once(client, engine, live, dispatches, results, submit, log), log,
+                waiting = ride_out(lambda: _watch_once(client, engine, live, done, submit, hardware, log), log,
                                    "watching the trials")
-                if waiting and time.monotonic() >= next_worker_check:
+                # workers beat again only some seconds after the API is back: none looks live until then
+                if waiting and time.monotonic() >= max(next_worker_check, API_BACK_AT + WORKER_CHECK_SECONDS):
                     ride_out(lambda: check_workers(client, hardware, log), log, "checking the pool's workers")
                     next_worker_check = time.monotonic() + WORKER_CHECK_SECONDS
         except BaseException:
             if _cancelled_in_prefect(client):
                 cancel_trials(client, engine, live, log)
             raise
-    return {rid: results[rid] for rid in todo if rid in results}
+    return done
 
 
-def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], dispatches: Counter[int],
-                results: dict[int, str], submit: Any, log: Any) -> int:
+def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], done: Dispatched, submit: Any, pool: str,
+                log: Any) -> int:
     """One look at every trial flow run still live and its run row; returns how many wait for a worker."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.states import Crashed
@@ -108,7 +126,7 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], dispatches
         flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=known)), limit=len(known))} if known else {}
     with store.session_factory(engine)() as session:
         rows = {r.id: r for r in session.scalars(sa.select(store.Run).where(store.Run.id.in_(list(live))))}
-    waiting = 0
+    waiting, dispatches, results = 0, done.dispatches, done.results
     for rid, fid in list(live.items()):
         state, row = (flows[fid].state if fid in flows else None), rows.get(rid)
         if row is None:  # deleted meanwhile (an edit of the spec dropped it): nothing is owed
@@ -134,10 +152,10 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], dispatches
         elif state.is_final():
             owed = row.status in ("pending", "preempted") or (row.status == "running" and not store.is_live(row))
             if owed and dispatches[rid] < MAX_DISPATCHES and not runner.STOP.is_set():
-                log.warning("run %s is owed (%s) after its trial flow run ended %s: dispatched again, it resumes "
-                            "from its last checkpoint", rid, row.status, state.name)
-                submit(rid)
+                submit(rid, redispatch_queue(client, pool, rid, row, state, done.failures.setdefault(rid, []), log))
             else:
+                if owed and (state.is_failed() or state.is_crashed()):  # the last one's error, for the sweep's end
+                    done.failures.setdefault(rid, []).append(first_error(state))
                 results[rid] = row.status
                 del live[rid]
         elif state.is_running() and _dead(row, state):
@@ -188,11 +206,13 @@ def ride_out(call: Any, log: Any, what: str) -> Any:
     5xx (a server restart), for up to API_OUTAGE_SECONDS; any other error at once."""
     import httpx
 
-    deadline = time.monotonic() + API_OUTAGE_SECONDS
+    global API_BACK_AT
+    start = time.monotonic()
+    deadline = start + API_OUTAGE_SECONDS
     wait = 2.0
     while True:
         try:
-            return call()
+            result = call()
         except (httpx.TransportError, httpx.HTTPStatusError) as exc:
             status = exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else None
             if (status is not None and status < 500) or time.monotonic() + wait > deadline:
@@ -202,6 +222,11 @@ def ride_out(call: Any, log: Any, what: str) -> Any:
                         reason, what, wait)
             time.sleep(wait)
             wait = min(wait * 2, 30.0)
+            continue
+        if wait > 2.0:  # it was away
+            API_BACK_AT = time.monotonic()
+            log.info("the Prefect API is back after %.0f s: %s went through", API_BACK_AT - start, what)
+        return result
 
 
 def _dead(row: store.Run, state: Any) -> bool:
@@ -266,6 +291,25 @@ def _cancelled_in_prefect(client: Any) -> bool:
     except Exception:  # noqa: BLE001 - no API to ask: do not guess that the user cancelled
         return False
     return state is not None and (state.is_cancelling() or state.is_cancelled())
+
+
+def end_cancelled(message: str, wait_seconds: float = 120.0) -> None:
+    """A deployment's sweep flow whose runs were cancelled (`ablate sweep cancel`) ends as a cancelled flow run does:
+    it asks Prefect to cancel it and waits to be stopped, so the worker logs a cancellation, not the error and
+    traceback that a flow returning a Cancelled state gets on a worker. Returns (to end Cancelled by returning the
+    state) where there is no deployment (`ablate sweep run`) or nothing stopped it within `wait_seconds`."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import deployment, flow_run
+    from prefect.states import Cancelling
+
+    if deployment.id is None:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run.id, Cancelling(message=message), force=True)
+    except Exception:  # noqa: BLE001 - no API to ask: end by returning the state
+        return
+    time.sleep(wait_seconds)
 
 
 SWEEP_LABEL, DB_LABEL = "ablate.sweep", "ablate.database"

@@ -21,7 +21,8 @@ from prefect import flow, get_run_logger
 from prefect.states import Cancelled
 
 from ablate import runner, store
-from ablate.config.errors import AblateError
+from ablate.config.errors import AblateError, one_line
+from flows.hosts import first_error, owed_report, tagged
 
 
 class TrialFailed(Exception):
@@ -40,18 +41,26 @@ class TrialsFailed(Exception):
 def trial(run_id: int, db_url: str | None = None, artifacts: str = "results/artifacts",
           checkpoint_every: float | None = None, memory_cap_mb: float | None = None,
           gpu_ids: list[int] | None = None, threads: int | None = None, retry_failed: bool = False,
-          warm: bool = False) -> Any:
+          warm: bool = False, database: str | None = None) -> Any:
     """Claim one run and train it (resuming from its checkpoint); its status. A run another process holds,
     finished or that a user cancelled is left alone. (`retry_failed` is kept for older deployments: the sweep
     flow makes cancelled runs it retries pending before dispatching them.) `warm`: fork the trainer from this
     process's warm helper (ablate/runner/warm.py), which the sweep flow's local trials share; a deployment's trial
-    runs alone in its flow-run process, where a helper would cost more than it saves, so it starts cold."""
-    opts = runner.LaunchOptions(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every,
-                                memory_cap_mb=memory_cap_mb, gpu_ids=gpu_ids, threads=threads, warm=warm)
-    status = runner.run_trial(run_id, opts)
+    runs alone in its flow-run process, where a helper would cost more than it saves, so it starts cold.
+    `database`: the id of the sweep's results DB, given by a cluster sweep: this host's DB (`db_url` or
+    ABLATE_DB_URL) must be that one, or the trial fails before touching any database.
+    An error says this host first (flows/hosts.py), so that the sweep sends the run elsewhere."""
+    try:
+        if database is not None:
+            db_url = runner.cluster_db_url(db_url, database)
+        opts = runner.LaunchOptions(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every,
+                                    memory_cap_mb=memory_cap_mb, gpu_ids=gpu_ids, threads=threads, warm=warm)
+        status = runner.run_trial(run_id, opts)
+    except Exception as exc:  # a host-level fault (no DB, a missing driver, a full disk): before the run is claimed
+        raise TrialFailed(tagged(f"run {run_id}: {one_line(exc, 'the worker log')}")) from exc
     get_run_logger().info("run %s: %s", run_id, status)
     if status == "failed":
-        raise TrialFailed(f"run {run_id} failed: {_reason(store.connect(db_url), run_id)}")
+        raise TrialFailed(tagged(f"run {run_id} failed: {_reason(store.connect(db_url), run_id)}"))
     if status == "cancelled":
         return Cancelled(message=f"run {run_id} was cancelled")
     return status
@@ -142,31 +151,36 @@ def _sweep(log: Any, registered: runner.Registration, opts: runner.LaunchOptions
         # again resumes the sweep) are watched, not dispatched twice
         attach = [r.id for r in runner.sweep_runs(engine, name)
                   if r.id in run_ids and r.id not in todo and r.status == "running"]
-        results = dispatch_to_pool(registered.hardware, todo, opts, engine, log, attach=attach)
+        done = dispatch_to_pool(registered.hardware, todo, opts, engine, log, attach=attach)
     else:
-        results = _run_here(registered.gpus, todo, opts, gpu_slots, engine)
-    return _final(results, engine, name)
+        done = _run_here(registered.gpus, todo, opts, gpu_slots, engine)
+    return _final(done, engine, name)
 
 
 def _run_here(gpus_per_trial: int, todo: list[int], opts: runner.LaunchOptions, gpu_slots: int,
-              engine: Any) -> dict[int, str]:
+              engine: Any) -> Any:
     """The trials as nested flow runs of this process: one per slot at a time, each slot its own GPUs."""
+    from flows.dispatch import Dispatched
+
     slots = max(1, gpu_slots // gpus_per_trial)
     opts = replace(opts, threads=opts.threads or runner.default_threads(min(slots, max(1, len(todo))), gpus_per_trial))
     warm = len(todo) > 1  # one helper for all of them (ablate/runner/warm.py); a single trial starts cold
-    results: dict[int, str] = {}
+    done = Dispatched()
 
     def one(rid: int, gpu_ids: list[int] | None) -> None:
-        # a failed trial is in its row, read below
-        trial(rid, **opts.flow_parameters(), gpu_ids=gpu_ids, warm=warm, return_state=True)
-        results[rid] = store.get_run(engine, rid).status
+        # a failed trial is in its row, read below; one that failed before claiming it says why in its state
+        state = trial(rid, **opts.flow_parameters(), gpu_ids=gpu_ids, warm=warm, return_state=True)
+        done.dispatches[rid] += 1
+        if state.is_failed():
+            done.failures[rid] = [first_error(state)]
+        done.results[rid] = store.get_run(engine, rid).status
 
     if slots == 1:
         for rid in todo:
             if runner.STOP.is_set():  # the user stopped the sweep: no new trial starts
                 break
             one(rid, None)
-        return results
+        return done
     queue = list(todo)
 
     def drain(gpu_ids: list[int]) -> None:  # one trial per slot at a time, each with its own CUDA_VISIBLE_DEVICES
@@ -180,18 +194,38 @@ def _run_here(gpus_per_trial: int, todo: list[int], opts: runner.LaunchOptions, 
     with ThreadPoolExecutor(max_workers=slots) as pool:
         for f in [pool.submit(drain, list(range(s * gpus_per_trial, (s + 1) * gpus_per_trial))) for s in range(slots)]:
             f.result()
-    return {rid: results[rid] for rid in todo if rid in results}
+    done.results = {rid: done.results[rid] for rid in todo if rid in done.results}
+    return done
 
 
-def _final(results: dict[int, str], engine: Any, name: str) -> Any:
-    """The sweep flow's end: Failed when trials failed (their reasons in the message), Cancelled when any
-    was cancelled, else the statuses."""
+OWED = ("pending", "preempted", "running")  # a run in one of these when its sweep stops dispatching was not trained
+
+
+def _final(done: Any, engine: Any, name: str) -> Any:
+    """The sweep flow's end: Failed when trials failed (their reasons in the message) or runs are still owed
+    when it stopped dispatching (never Completed with a run untrained: each owed run, the hosts that failed it
+    and their first errors), Cancelled when any was cancelled, else the statuses. A sweep the user stopped
+    (runner.STOP) leaves its owed runs for the next run of the sweep."""
+    results = done.results
     failed = [rid for rid, status in results.items() if status == "failed"]
-    if failed:
-        reasons = "; ".join(f"run {rid}: {_reason(engine, rid)}" for rid in failed[:5])
-        raise TrialsFailed(f"sweep {name}: {len(failed)} of {len(results)} trials failed ({reasons}"
-                           f"{'; ...' if len(failed) > 5 else ''}). `ablate sweep status {name}` lists them")
+    owed = {} if runner.STOP.is_set() else {rid: s for rid, s in results.items() if s in OWED and not (
+        s == "running" and store.is_live(store.get_run(engine, rid)))}  # one training under another runner is not
+    if failed or owed:
+        said = []
+        if failed:
+            reasons = "; ".join(f"run {rid}: {_reason(engine, rid)}" for rid in failed[:5])
+            more = "; ..." if len(failed) > 5 else ""
+            said.append(f"{len(failed)} of {len(results)} trials failed ({reasons}{more})")
+        if owed:
+            said.append(f"{len(owed)} run(s) still owed, never finished: "
+                        + owed_report(dict(list(owed.items())[:5]), done.failures, done.dispatches)
+                        + ("; ..." if len(owed) > 5 else ""))
+        raise TrialsFailed(f"sweep {name}: {'; '.join(said)}. `ablate sweep status {name}` lists them")
     cancelled = [rid for rid, status in results.items() if status == "cancelled"]
     if cancelled:
-        return Cancelled(message=f"sweep {name}: {len(cancelled)} trials cancelled", data=results)
+        message = f"sweep {name}: {len(cancelled)} trials cancelled"
+        from flows.dispatch import end_cancelled
+
+        end_cancelled(message)  # on a worker: ended by Prefect's own cancellation, without an error logged
+        return Cancelled(message=message)  # no data: Prefect reads a Cancelled state's data as a result record
     return results

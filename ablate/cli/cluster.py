@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import click
@@ -19,15 +20,28 @@ from ablate.config.settings import environment
               show_default=False, help="GPUs each trial gets (the sweeps' budget.gpus; default $ABLATE_GPUS_PER_TRIAL "
                                        "or 1)")
 @click.option("--slots", type=int, default=1, help="without GPUs: trials at once (default 1)")
+@click.option("--host", default=lambda: environment().worker_host, show_default=False,
+              help="the name this machine goes by in the pool (default $ABLATE_WORKER_HOST or its hostname)")
 @db_option(expose=False)
-def worker(pool: str, gpus_per_trial: int, slots: int) -> int:
+def worker(pool: str, gpus_per_trial: int, slots: int, host: str | None) -> int:
     """Prefect workers for a work pool on this machine: one per group of --gpus-per-trial GPUs, each running at
     most one trial at a time on its own CUDA_VISIBLE_DEVICES (no two trials share a GPU); on a machine without
-    GPUs, one worker running --slots trials at once. Stops them all on Ctrl-C / SIGTERM."""
+    GPUs, one worker running --slots trials at once. They poll the pool's default queue and this host's own
+    (where a sweep sends a run that another host failed). Stops them all on Ctrl-C / SIGTERM."""
     require_prefect("ablate worker")
+    from ablate import runner
+    from flows.deploy import ensure_host_queue, wait_for_api
+
+    if host is not None:
+        os.environ["ABLATE_WORKER_HOST"] = host  # the trials' flow-run processes say it in their errors
+    host = runner.worker_host()
+    if not re.fullmatch(r"[A-Za-z0-9._]+(-[A-Za-z0-9._]+)*", host) or len(host) > 100:
+        raise AblateError(f"--host {host!r}: write letters, digits, '.', '_' and single '-' (at most 100), e.g. gpu-a")
     groups = gpu_groups(gpus_per_trial)
     limit = 1 if groups else slots
-    procs = [_start_worker(pool, group, limit) for group in groups or [None]]
+    wait_for_api(say=lambda line: console.print(line, highlight=False))
+    ensure_host_queue(pool, runner.host_queue(host))
+    procs = [_start_worker(pool, host, group, limit) for group in groups or [None]]
     ended = _wait_for_any(procs)
     return 0 if ended is None else abs(ended.returncode or 0)
 
@@ -45,17 +59,20 @@ def gpu_groups(per: int) -> list[list[str]]:
     return groups
 
 
-def _start_worker(pool: str, group: list[str] | None, limit: int) -> Any:
-    """`prefect worker start` for the pool, on the GPUs of `group` (None: no GPU)."""
-    import socket
+def _start_worker(pool: str, host: str, group: list[str] | None, limit: int) -> Any:
+    """`prefect worker start` for the pool's default queue and the host's, on the GPUs of `group` (None: no GPU).
+    Its name, HOST-POOL-GPUS-PID, says the host (flows/hosts.py reads it)."""
     import subprocess
+
+    from ablate import runner
 
     env = dict(os.environ)
     label = "cpu"
     if group is not None:
         env["CUDA_VISIBLE_DEVICES"] = label = ",".join(group)
     cmd = [_prefect_command(), "worker", "start", "--pool", pool, "--type", "process", "--limit", str(limit),
-           "--name", f"{socket.gethostname()}-{pool}-{label.replace(',', '+')}-{os.getpid()}"]
+           "--work-queue", "default", "--work-queue", runner.host_queue(host),
+           "--name", f"{host}-{pool}-{label.replace(',', '+')}-{os.getpid()}"]
     console.print(f"worker on pool {pool}: {'GPUs ' + label if group else 'no GPU'}, at most {limit} trial(s) "
                   f"at once: {' '.join(cmd)}")
     return subprocess.Popen(cmd, env=env)

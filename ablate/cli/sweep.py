@@ -1,4 +1,5 @@
-"""`ablate sweep register|run|status|cancel`: a sweep's runs in the results DB, and running them here."""
+"""`ablate sweep register|run|status|watch|cancel`: a sweep's runs in the results DB, running them here, and
+following one that runs on a cluster."""
 
 from __future__ import annotations
 
@@ -81,6 +82,30 @@ def cancel(name: str, db: str | None) -> int:
     return 0
 
 
+@click.command(name="watch", **about("follow a sweep to its end: exit 0 completed, 1 failed, 3 cancelled"))
+@click.argument("name")
+@click.option("--poll", type=click.FloatRange(min=0.5), default=5.0, show_default=True, help="seconds between looks")
+@click.option("--start-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              help="seconds to wait for the sweep to be registered (its flow run not started yet)")
+@db_option()
+def watch_cmd(name: str, poll: float, start_timeout: float, db: str | None) -> int:
+    """Follow sweep NAME (its runs in the results DB, its sweep flow runs on the Prefect server at PREFECT_API_URL)
+    until it ends, through Prefect API outages; a line whenever its counts change. Exit 0: completed; 1: failed
+    (the failed runs' first errors said) or runs left owed; 3: cancelled."""
+    import time as clock
+
+    require_prefect("ablate sweep watch")
+    from prefect.settings import get_current_settings
+
+    from flows.watch import watch_sweep
+
+    def say(line: str) -> None:
+        console.print(f"{clock.strftime('%H:%M:%S')} {line}", highlight=False, soft_wrap=True)
+
+    return watch_sweep(name, db, say, poll_seconds=poll, start_seconds=start_timeout,
+                       use_api=bool(get_current_settings().api.url))
+
+
 @click.command(**about("run every unfinished trial of a sweep here (local Prefect)", ASSIGNMENTS_HELP),
                epilog=OVERRIDES_NOTE)
 @click.argument("spec")
@@ -121,7 +146,7 @@ def run(spec: str, max_trials: int, gpu_slots: int | None, retry_failed: bool, m
     return _run_flow(flow_params, engine, parsed.name, resume=_resume_command(spec, overrides, db))
 
 
-for _command in (register, run, status, cancel):
+for _command in (register, run, status, watch_cmd, cancel):
     sweep_group.add_command(_command)
 
 

@@ -36,6 +36,9 @@ class Settings(BaseModel):
     artifacts: Path = Field(Path("results/artifacts"), description="checkpoints, logs and reports (--artifacts beats it)")
     code_version: str | None = Field(None, description="the code version stamped into a container image at build time")
     # how runs are started and watched (every host of a sweep must agree on the timings)
+    worker_host: str | None = Field(None, max_length=100, description="the name this machine goes by in a cluster's "
+                                    "pools (its workers, their trials' errors, its trial queue); default its hostname "
+                                    "(`ablate worker --host` beats it)")
     gpus_per_trial: int = Field(1, ge=1, description="GPUs each trial gets on `ablate worker` (--gpus-per-trial beats it)")
     # 0: never; unset or 1 (True): where no GPU is visible; "always": where GPUs are visible too (the node check)
     warm_trainer: bool | Literal["always"] = Field(

@@ -1,6 +1,7 @@
 """Trials as processes on a host: what starts them, watches them and cancels them, and the sweep-level work around it.
 
-host.py         facts about this host: its cores and how busy they are, its GPUs, whether a pid lives, threads per trainer
+host.py         facts about this host: its cores and how busy they are, its GPUs, whether a pid lives, threads per trainer,
+                its name and trial queue in a cluster's pools, the results DB a dispatched trial must find here
 launch.py       LaunchOptions and trainer_command: what a trial's trainer is started with
 trials.py       run_trial (claim, start, watch, classify), STOP, runs_to_do, uncancel, cancel
 sweep.py        register and prepare_data (token caches first), Registration, sweep_id/sweep_runs, the status table's rows and counts
@@ -11,7 +12,8 @@ bundle.py       `ablate bundle`: the wheels that take ablate onto an offline nod
 Nothing here imports torch; warm.py's helper imports it only in its own process.
 """
 
-from ablate.runner.host import busy_cores, default_threads, host_cores, pid_alive, visible_gpus
+from ablate.runner.host import (busy_cores, cluster_db_url, default_threads, host_cores, host_queue, pid_alive,
+                               visible_gpus, worker_host)
 from ablate.runner.launch import LaunchOptions, trainer_command
 from ablate.runner.trials import (CLAIMABLE, MAX_ATTEMPTS, STOP, STOP_GRACE_SECONDS, TERMINAL, cancel, classify,
                                run_trial, runs_to_do, start_trainer, uncancel)
@@ -19,10 +21,10 @@ from ablate.runner.sweep import (STATUS_COLUMNS, Registration, check_sources, di
                               status_counts, status_rows, status_view, sweep_id, sweep_runs)
 
 __all__ = ["CLAIMABLE", "MAX_ATTEMPTS", "STATUS_COLUMNS", "STOP", "STOP_GRACE_SECONDS", "TERMINAL", "LaunchOptions",
-           "Registration", "busy_cores", "cancel", "check_sources", "classify", "default_threads", "distinct_data",
-           "host_cores", "pid_alive", "prepare_data", "register", "run_trial", "runs_to_do", "start_trainer",
-           "status_counts", "status_rows", "status_view", "sweep_id", "sweep_runs", "trainer_command", "uncancel",
-           "visible_gpus"]
+           "Registration", "busy_cores", "cancel", "check_sources", "classify", "cluster_db_url", "default_threads",
+           "distinct_data", "host_cores", "host_queue", "pid_alive", "prepare_data", "register", "run_trial",
+           "runs_to_do", "start_trainer", "status_counts", "status_rows", "status_view", "sweep_id", "sweep_runs",
+           "trainer_command", "uncancel", "visible_gpus", "worker_host"]
 
 
 def __getattr__(name: str) -> object:

@@ -1,14 +1,21 @@
-"""Facts about the host a runner stands on: its cores and how busy they are, its GPUs, whether a pid lives, and
-each trainer's share of the cores. Light on purpose (no torch): the runner and the warm helper ask it."""
+"""Facts about the host a runner stands on: its cores and how busy they are, its GPUs, whether a pid lives,
+each trainer's share of the cores, and its name, trial queue and results DB in a cluster. Light on purpose (no
+torch): the runner and the warm helper ask it."""
 
 from __future__ import annotations
 
 import os
+import re
+import socket
 import subprocess
 import time
 from pathlib import Path
 
+from sqlalchemy.engine import make_url
+
 from ablate import store
+from ablate.config.errors import AblateError
+from ablate.config.settings import environment
 
 pid_alive = store.pid_alive
 
@@ -80,3 +87,38 @@ def default_threads(concurrent: int, processes_per_trial: int = 1) -> int:
     """
     free = host_cores() - busy_cores()
     return max(1, free // max(1, concurrent * processes_per_trial))
+
+
+def worker_host() -> str:
+    """The name this machine goes by in a cluster's pools: ABLATE_WORKER_HOST (`ablate worker --host`), else its
+    hostname."""
+    return environment().worker_host or socket.gethostname()
+
+
+def host_queue(host: str) -> str:
+    """The work queue of a host's trials in every pool (`ablate worker` polls it beside the pool's default queue): a
+    sweep sends a run there to keep it off the hosts that just failed it."""
+    return "host-" + re.sub(r"[^A-Za-z0-9._-]", "-", host)[:90]
+
+
+def cluster_db_url(db_url: str | None, database: str) -> str:
+    """The results DB of a trial a cluster sweep dispatched to this host: `db_url` (the deployment's) or
+    ABLATE_DB_URL, which must exist and be the sweep's database (`database`, its id). A host without one fails the
+    trial here, before any database is touched: never a default SQLite file made in the worker's directory."""
+    url = db_url or environment().db_url
+    here = worker_host()
+    if not url:
+        raise AblateError(f"host {here} has no results database: set ABLATE_DB_URL in its worker's environment (the "
+                          f"sweep's database, id {database[:12]}), or deploy with `ablate deploy --db URL`; a cluster "
+                          "host never creates a default database")
+    url = store.resolve_url(url)
+    parsed = make_url(url)
+    path = parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database != ":memory:" else None
+    if path and not Path(path).exists():
+        raise AblateError(f"host {here}: its results database {path} does not exist (ABLATE_DB_URL or the "
+                          "deployment's --db must name the sweep's database, on a path every host shares)")
+    found = store.database_id(store.connect(url))
+    if found != database:
+        raise AblateError(f"host {here}: its results database {store.redact(url)} is not the sweep's (id {found[:12]}, "
+                          f"the sweep's {database[:12]}): point ABLATE_DB_URL at the sweep's database")
+    return url

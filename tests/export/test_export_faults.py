@@ -3,7 +3,6 @@ trials, an export killed while writing, and a target that cannot be written are 
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa

@@ -61,11 +61,12 @@ class Cluster:
         self.procs: list[subprocess.Popen] = []
         self.logs: list = []
 
-    def start(self, *cmd: str) -> subprocess.Popen:
+    def start(self, *cmd: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.Popen:
+        """A process of the cluster (its output in proc-N.log); `env`: the cluster's environment, else this one."""
         log = open(self.tmp / f"proc-{len(self.procs)}.log", "w")
         self.logs.append(log)
-        proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, env=self.env if env is None else env, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=cwd, start_new_session=True)
         self.procs.append(proc)
         return proc
 
@@ -186,6 +187,8 @@ def cluster(tmp_path_factory):
         _spec("outage", {"wall_clock": 20}, "lab", [{"d_model": [32, 48, 64]}]),
         {**{k: v for k, v in _spec("zombie", {"wall_clock": 600}, "lab", []).items() if k != "grid"},
          "search": {"parameters": {"lr": {"type": "float", "low": 1e-4, "high": 1e-3, "log": True}}, "n_trials": 1}},
+        {**{k: v for k, v in _spec("takeover", {"wall_clock": 20}, "lab", []).items() if k != "grid"},
+         "search": {"parameters": {"lr": {"type": "float", "low": 1e-4, "high": 1e-3, "log": True}}, "n_trials": 2}},
         _spec("hub", {"steps": 5}, "lab", [{"d_model": [32]}],
               dataset={"source": "roneneldan/TinyStories", "eval": {"split": "validation"}}),
     ]
@@ -330,19 +333,25 @@ def test_a_pool_without_a_worker_is_said_in_the_sweep_log_and_a_cancel_reaches_i
         logs[-2000:]
 
 
-def test_cancelling_a_sweep_flow_run_leaves_no_trainer_running_within_30_s(cluster):
-    flow_run_id = cluster.deployment_run("sweep/cancel")
-    engine = store.connect(cluster.url)
+def _both_training(engine, sweep: str) -> list[int]:
+    """The ids of the sweep's two runs, once both train (a step logged, a trainer process each)."""
     deadline = Deadline(240)
     while True:
         with engine.connect() as conn:
             rows = conn.execute(sa.select(store.Run.id, store.Run.status, store.Run.last_step).join(store.Sweep)
-                                .where(store.Sweep.name == "cancel")).all()
+                                .where(store.Sweep.name == sweep)).all()
         ids = [r.id for r in rows]
         if rows and all(r.status == "running" and r.last_step for r in rows) and len(trainers(ids)) == 2:
-            break
+            return ids
         deadline.check(rows)
         time.sleep(0.5)
+
+
+def test_cancelling_a_sweep_flow_run_leaves_no_trainer_running_within_30_s(cluster):
+    flow_run_id = cluster.deployment_run("sweep/cancel")
+    watching = cluster.start(str(BIN / "ablate"), "sweep", "watch", "cancel", "--db", cluster.url, "--poll", "1")
+    engine = store.connect(cluster.url)
+    ids = _both_training(engine, "cancel")
     t0, stopping = time.monotonic(), Deadline(30)
     assert cluster.run(str(BIN / "prefect"), "flow-run", "cancel", flow_run_id).returncode == 0
     while trainers(ids):
@@ -362,6 +371,52 @@ def test_cancelling_a_sweep_flow_run_leaves_no_trainer_running_within_30_s(clust
                                  f"its log ends:\n{logs[-3000:]}")
         time.sleep(1)
     print(f"timings: both trainers gone {gone:.1f} s after `prefect flow-run cancel`")
+    assert watching.wait(timeout=patience(60)) == 3  # `ablate sweep watch`: cancelled, not failed
+
+
+def test_ablate_sweep_cancel_ends_the_trainers_and_the_sweep_flow_cancelled_without_an_error_logged(cluster):
+    """The sweep flow sees its runs cancelled in the DB and ends Cancelled itself: no ERROR and traceback in the
+    sweeps worker's log (a Cancelled state with a dict as its data used to be one)."""
+    sweeps_log = cluster.tmp / "proc-1.log"
+    seen = len(sweeps_log.read_text())
+    flow_run_id = cluster.deployment_run("sweep/cancel", "name=cancel-by-ablate")
+    engine = store.connect(cluster.url)
+    ids = _both_training(engine, "cancel-by-ablate")
+    watching = cluster.start(str(BIN / "ablate"), "sweep", "watch", "cancel-by-ablate", "--db", cluster.url,
+                             "--poll", "1")
+    t0 = time.monotonic()
+    cancelled = cluster.run(str(BIN / "ablate"), "sweep", "cancel", "cancel-by-ablate", "--db", cluster.url)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    wait_until(lambda: not trainers(ids), 60, "trainers still running after `ablate sweep cancel`")
+    print(f"timings: both trainers gone {time.monotonic() - t0:.1f} s after `ablate sweep cancel`")
+    wait_until(lambda: cluster.flow_run(flow_run_id).state.is_final(), 60, "the sweep flow run ended")
+    assert cluster.flow_run(flow_run_id).state.is_cancelled(), cluster.flow_run(flow_run_id).state
+    assert watching.wait(timeout=patience(60)) == 3
+    said = sweeps_log.read_text()[seen:]
+    assert "Unexpected result" not in said and "Traceback" not in said and "| ERROR" not in said, said[-3000:]
+
+
+def test_a_sweep_that_lived_through_a_server_restart_still_cancels_its_trainers(cluster):
+    """Prefect's cancellation observer in the sweep flow's process does not survive an outage; the cancel reaches
+    the trainers all the same (the worker stops the flow run and runs its on_cancellation hook)."""
+    flow_run_id = cluster.deployment_run("sweep/cancel", "name=cancel-after-outage")
+    engine = store.connect(cluster.url)
+    ids = _both_training(engine, "cancel-after-outage")
+    _kill_tree(cluster.server.pid, signal.SIGKILL)
+    cluster.server.wait()
+    time.sleep(10)
+    cluster.start_server()
+    time.sleep(5)
+    watching = cluster.start(str(BIN / "ablate"), "sweep", "watch", "cancel-after-outage", "--db", cluster.url,
+                             "--poll", "1")
+    t0 = time.monotonic()
+    assert cluster.run(str(BIN / "prefect"), "flow-run", "cancel", flow_run_id).returncode == 0
+    wait_until(lambda: not trainers(ids), 90, "trainers still running after the cancel")
+    print(f"timings: after a server restart, both trainers gone {time.monotonic() - t0:.1f} s after the cancel")
+    assert watching.wait(timeout=patience(90)) == 3
+    with engine.connect() as conn:
+        statuses = conn.execute(sa.select(store.Run.status).where(store.Run.id.in_(ids))).scalars().all()
+    assert statuses == ["cancelled", "cancelled"], statuses
 
 
 def test_a_prefect_server_restart_mid_sweep_is_ridden_out_and_nothing_is_trained_twice(cluster):
@@ -369,6 +424,7 @@ def test_a_prefect_server_restart_mid_sweep_is_ridden_out_and_nothing_is_trained
     out, trials that ended meanwhile are read from the DB, the waiting one runs after; a second run of the
     deployment trains nothing again."""
     flow_run_id = cluster.deployment_run("sweep/outage")
+    watching = cluster.start(str(BIN / "ablate"), "sweep", "watch", "outage", "--db", cluster.url, "--poll", "1")
     engine = store.connect(cluster.url)
 
     def rows():
@@ -392,7 +448,12 @@ def test_a_prefect_server_restart_mid_sweep_is_ridden_out_and_nothing_is_trained
         time.sleep(2)
     logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
     assert state.is_completed(), (state, logs[-3000:])
-    assert "the Prefect API is unreachable" in logs, logs[-3000:]
+    assert "the Prefect API is unreachable" in logs and "the Prefect API is back after" in logs, logs[-3000:]
+    assert "has no live worker" not in logs  # both workers lived through it: no false alarm once it is back
+    assert watching.wait(timeout=patience(60)) == 0  # `ablate sweep watch` rode it out: completed
+    watched = Path(cluster.logs[cluster.procs.index(watching)].name).read_text()
+    assert "the Prefect API went away" in watched and "the Prefect API is back after" in watched, watched
+    assert "sweep outage: 3/3 finished (3 completed); flow run" in watched, watched
     final = rows()
     assert [(r.status, r.attempts) for r in final] == [("completed", 1)] * 3, final
     again = cluster.run(str(BIN / "prefect"), "deployment", "run", "sweep/outage", "--watch", "--watch-timeout",
@@ -464,3 +525,42 @@ def test_a_plugin_file_trains_on_a_worker_that_never_saw_it_and_a_missing_packag
     assert failed.is_failed() and "ablate-convabsent==9.9, which is not installed here" in failed.message
     row = store.get_run(engine, missing.id)
     assert row.status == "failed" and row.steps is None and "EXTRA_REQUIREMENTS" in row.error
+
+
+def test_a_search_worker_takes_over_the_trial_of_one_that_died(cluster):
+    """Two search flow runs share a study of 2 trials, one per worker; one machine dies mid-trial. The survivor,
+    its own trial done and n_trials counted, does not end the search with the dead trial RUNNING: the run's
+    heartbeat goes stale (10 s here) and the survivor trains it from its checkpoint."""
+    first = cluster.deployment_run("search/takeover", "checkpoint_every=2")
+    second = cluster.deployment_run("search/takeover", "checkpoint_every=2")
+    engine = store.connect(cluster.url)
+
+    def rows():
+        with engine.connect() as conn:
+            return conn.execute(sa.select(store.Run).join(store.Sweep).where(store.Sweep.name == "takeover")
+                                .order_by(store.Run.id)).all()
+
+    deadline = Deadline(240)
+    while not (len(now := rows()) == 2 and all(r.status == "running" and r.pid and r.checkpoint_path for r in now)):
+        deadline.check(now)
+        time.sleep(0.5)
+    victim_run = now[0]
+    victim = next(w for w in cluster.workers if victim_run.pid in _tree(w.pid))
+    dead_flow = next(f for f in (first, second)
+                     if str(cluster.flow_run(f).infrastructure_pid or "").rsplit(":", 1)[-1].isdigit()
+                     and int(str(cluster.flow_run(f).infrastructure_pid).rsplit(":", 1)[-1]) in _tree(victim.pid))
+    survivor_flow = second if dead_flow == first else first
+    _kill_tree(victim.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    deadline = Deadline(300)
+    while not (state := cluster.flow_run(survivor_flow).state).is_final():
+        deadline.check(f"the surviving search flow run is still {state.name}: {rows()}")
+        time.sleep(2)
+    print(f"timings: the survivor ended {time.monotonic() - killed:.0f} s after the other machine died")
+    assert state.is_completed(), state
+    done = rows()
+    assert [r.status for r in done] == ["completed", "completed"], [(r.status, r.error) for r in done]
+    assert done[0].attempts == 2  # resumed by the survivor
+    logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", survivor_flow).stdout
+    assert "search takeover: 2 trials run here" in logs, logs[-2000:]
+    cluster.workers[cluster.workers.index(victim)] = cluster.start(str(BIN / "ablate"), "worker", "--pool", "lab")

@@ -262,22 +262,37 @@ def test_plan_warns_about_a_hub_dataset_it_cannot_load_offline(capsys, monkeypat
 
 
 def test_ablate_worker_starts_one_prefect_worker_per_gpu_each_on_its_own_device(tmp_path):
-    """`prefect` here is a stand-in that records its arguments and CUDA_VISIBLE_DEVICES (no GPUs on this machine)."""
+    """`prefect` here is a stand-in that records its arguments and CUDA_VISIBLE_DEVICES (no GPUs on this machine);
+    the Prefect API is real (Prefect's test harness): `ablate worker` makes its host's queue there first."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
     shim = tmp_path / "bin"
     shim.mkdir()
     record = tmp_path / "workers.txt"
     (shim / "prefect").write_text(f"#!/bin/sh\necho \"$CUDA_VISIBLE_DEVICES $*\" >> {record}\nsleep 3\n")
     (shim / "prefect").chmod(0o755)
-    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "2,3,5,7"}
     ablate = str(Path(sys.executable).parent / "ablate")
-    subprocess.run([ablate, "worker", "--pool", "v100"], env=env, check=True, capture_output=True, timeout=60)
-    lines = sorted(record.read_text().splitlines())
+    with prefect_test_harness(server_startup_timeout=int(patience(120))):
+        env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "2,3,5,7",
+               "PREFECT_API_URL": PREFECT_API_URL.value()}
+        subprocess.run([ablate, "worker", "--pool", "v100", "--host", "gpu-b"], env=env, check=True,
+                       capture_output=True, timeout=patience(60))
+        with get_client(sync_client=True) as client:
+            queues = {q.name for q in client.read_work_queues(work_pool_name="v100")}
+        lines = sorted(record.read_text().splitlines())
+        record.unlink()
+        subprocess.run([ablate, "worker", "--pool", "v100", "--gpus-per-trial", "4"], env=env, check=True,
+                       capture_output=True, timeout=patience(60))
+        assert record.read_text().split()[0] == "2,3,5,7"  # torchrun on all four, one trial at a time
+    assert queues == {"default", "host-gpu-b"}
     assert [line.split()[0] for line in lines] == ["2", "3", "5", "7"]
-    assert all("--pool v100 --type process --limit 1" in line for line in lines)
-    record.unlink()
-    subprocess.run([ablate, "worker", "--pool", "v100", "--gpus-per-trial", "4"], env=env, check=True,
-                   capture_output=True, timeout=60)
-    assert record.read_text().split()[0] == "2,3,5,7"  # torchrun on all four, one trial at a time
+    assert all("--pool v100 --type process --limit 1 --work-queue default --work-queue host-gpu-b --name gpu-b-v100-"
+               in line for line in lines), lines
+    env["PREFECT_API_URL"] = ""  # below: refused before the API is asked
+    no_api = subprocess.run([ablate, "worker", "--pool", "v100"], env=env, capture_output=True, text=True, timeout=60)
+    assert no_api.returncode == 2 and "PREFECT_API_URL is not set" in no_api.stderr, no_api.stderr
     bad = subprocess.run([ablate, "worker", "--pool", "v100", "--gpus-per-trial", "8"], env=env, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "shows only 4 GPU(s)" in bad.stderr

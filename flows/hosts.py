@@ -1,0 +1,81 @@
+"""Which host a trial ran on, and where a run goes when hosts fail it.
+
+A trial flow that fails says its host in its message (`[host NAME] ...`, `tagged`); `ablate worker` names its
+Prefect workers `HOST-POOL-GPUS-PID` and polls its host's queue (`runner.host_queue`) beside the pool's default
+one. So the sweep flow knows which hosts failed a run, which hosts have a live worker, and can send the run again
+to the queue of a host that has not failed it (`redispatch_queue`), instead of to the default queue, where the host
+that failed it, idle again at once, would take it first.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ablate import runner, store
+
+_TAG = re.compile(r"\[host ([^\]]{1,100})\]")
+
+
+def tagged(message: str) -> str:
+    """A trial's error as its flow run says it: this host's name first."""
+    return f"[host {runner.worker_host()}] {message}"
+
+
+def host_of(message: str | None) -> str | None:
+    """The host a trial flow run's message names (None: it failed before it could say, e.g. a crash)."""
+    found = _TAG.search(message or "")
+    return found.group(1) if found else None
+
+
+def first_error(state: Any) -> str:
+    """A final trial flow run state's reason in one line, without Prefect's preamble."""
+    message = (state.message or state.name or "").strip()
+    message = re.sub(r"^Flow run encountered an exception:\s*(TrialFailed:\s*)?", "", message)
+    return (message.splitlines() or [state.name])[0][:300]
+
+
+def live_hosts(client: Any, pool: str) -> list[str]:
+    """The hosts with a live `ablate worker` in the pool (read from their workers' names), in a stable order."""
+    from prefect.client.schemas.objects import WorkerStatus
+
+    name = re.compile(rf"^(.+)-{re.escape(pool)}-[^-]+-\d+$")
+    hosts = {m.group(1) for w in client.read_workers_for_work_pool(pool)
+             if w.status == WorkerStatus.ONLINE and (m := name.match(w.name))}
+    return sorted(hosts)
+
+
+def redispatch_queue(client: Any, pool: str, rid: int, row: store.Run, state: Any, failed_on: list[str],
+                     log: Any) -> str | None:
+    """A run owed after its trial flow run ended (`state`) goes again: to the queue of a live host that has not
+    failed it when it failed on some (`failed_on`: its failures so far, `[host NAME] error`, this one added),
+    else to the pool's default queue (None). Said in the sweep's log: why, on which host, its checkpoint."""
+    why = first_error(state)
+    if state.is_failed() or state.is_crashed():
+        failed_on.append(why)
+    bad = {host_of(m) for m in failed_on} - {None}
+    others = [h for h in live_hosts(client, pool) if h not in bad] if bad else []
+    target = others[rid % len(others)] if others else None
+    checkpoint = (f"it resumes from its checkpoint (step {row.last_step})" if row.checkpoint_path
+                  else "it has no checkpoint: it starts from the beginning")
+    where = (f"to host {target}, which has not failed it" if target else
+             "to any worker (every live host has failed it)" if bad else "to any worker")
+    log.warning("run %s is owed (%s) after its trial flow run ended %s (%s): dispatched again %s; %s", rid,
+                row.status, state.name, why, where, checkpoint)
+    return runner.host_queue(target) if target else None
+
+
+def owed_report(owed: dict[int, str], failures: dict[int, list[str]], dispatches: dict[int, int]) -> str:
+    """Each owed run (run id -> its status): how often it went out, the hosts that failed it and their first
+    errors."""
+    parts = []
+    for rid, status in owed.items():
+        by_host: dict[str, tuple[int, str]] = {}
+        for message in failures.get(rid, []):
+            host = host_of(message) or "a host that did not say"
+            count, first = by_host.get(host, (0, _TAG.sub("", message).strip()))
+            by_host[host] = (count + 1, first)
+        said = "; ".join(f"failed {n}x on {host}: {first}" for host, (n, first) in by_host.items())
+        sent = f"dispatched {dispatches[rid]}x" if dispatches.get(rid) else "never started"
+        parts.append(f"run {rid} ({status}, {sent}{'; ' + said if said else ''})")
+    return "; ".join(parts)

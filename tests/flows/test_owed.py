@@ -1,0 +1,89 @@
+"""A sweep never ends Completed with a run untrained, and a cluster host never makes a database of its own: the
+pieces, without a server (tests/flows/test_cluster_hosts.py runs them on a cluster)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from ablate import runner, store
+from ablate.config.errors import AblateError
+from flows.dispatch import Dispatched
+from flows.hosts import first_error, host_of, owed_report
+from flows.sweep import TrialsFailed, _final
+
+
+def _done(results, failures=None, dispatches=None) -> Dispatched:
+    done = Dispatched()
+    done.results.update(results)
+    done.failures.update(failures or {})
+    done.dispatches.update(dispatches or {})
+    return done
+
+
+def test_a_sweep_with_an_owed_run_fails_naming_the_run_its_hosts_and_their_first_errors(sqlite_url):
+    engine = store.connect(sqlite_url)
+    failures = {7: ["[host gpu-a] run 7: no database"] * 4 + ["[host gpu-c] run 7: CUDA driver missing"]}
+    with pytest.raises(TrialsFailed) as caught:
+        _final(_done({6: "completed", 7: "pending"}, failures, {7: 5}), engine, "widths")
+    said = str(caught.value)
+    assert ("sweep widths: 1 run(s) still owed, never finished: run 7 (pending, dispatched 5x; failed 4x on gpu-a: "
+            "run 7: no database; failed 1x on gpu-c: run 7: CUDA driver missing)") in said, said
+    assert "`ablate sweep status widths`" in said
+
+
+def test_a_sweep_with_every_run_finished_or_stopped_by_its_user_does_not_fail(sqlite_url):
+    engine = store.connect(sqlite_url)
+    assert _final(_done({1: "completed", 2: "oom", 3: "diverged"}), engine, "w") == {1: "completed", 2: "oom",
+                                                                                     3: "diverged"}
+    cancelled = _final(_done({1: "completed", 2: "cancelled"}), engine, "w")
+    assert cancelled.is_cancelled() and cancelled.data is None  # no dict as data: Prefect reads it as a result record
+    runner.STOP.set()  # Ctrl-C: the runs left go to the next run of the sweep, not a failure
+    try:
+        assert _final(_done({1: "preempted"}), engine, "w") == {1: "preempted"}
+    finally:
+        runner.STOP.clear()
+
+
+def test_owed_report_says_a_run_never_started_and_a_failure_without_a_host():
+    said = owed_report({3: "pending", 4: "preempted"}, {4: ["Crashed: the process exited"]}, {4: 2})
+    assert said == ("run 3 (pending, never started); run 4 (preempted, dispatched 2x; failed 1x on a host that did "
+                    "not say: Crashed: the process exited)")
+
+
+def test_a_failed_trial_flow_run_says_its_host_and_its_reason_in_one_line():
+    class State:
+        name, message = "Failed", "Flow run encountered an exception: TrialFailed: [host gpu-a] run 3: boom\nmore"
+
+    assert first_error(State()) == "[host gpu-a] run 3: boom"
+    assert host_of(first_error(State())) == "gpu-a" and host_of("Crashed") is None
+
+
+def test_a_host_without_a_results_database_fails_the_trial_before_making_one(tmp_path, monkeypatch, sqlite_url):
+    host = tmp_path / "host"
+    host.mkdir()
+    monkeypatch.chdir(host)
+    monkeypatch.delenv("ABLATE_DB_URL", raising=False)
+    monkeypatch.setenv("ABLATE_WORKER_HOST", "gpu-a")
+    database = store.database_id(store.connect(sqlite_url))
+    with pytest.raises(AblateError, match=r"host gpu-a has no results database: set ABLATE_DB_URL .*never creates"):
+        runner.cluster_db_url(None, database)
+    missing = host / "elsewhere.db"
+    with pytest.raises(AblateError, match="elsewhere.db does not exist"):
+        runner.cluster_db_url(str(missing), database)
+    assert os.listdir(host) == []  # no default results/ablate.db, no other file
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    store.connect(other)
+    with pytest.raises(AblateError, match="is not the sweep's"):
+        runner.cluster_db_url(other, database)
+    monkeypatch.setenv("ABLATE_DB_URL", sqlite_url)
+    assert runner.cluster_db_url(None, database) == sqlite_url
+
+
+def test_a_worker_host_is_its_hostname_unless_named(monkeypatch):
+    monkeypatch.delenv("ABLATE_WORKER_HOST", raising=False)
+    assert runner.worker_host() == socket.gethostname()
+    monkeypatch.setenv("ABLATE_WORKER_HOST", "gpu b/1")
+    assert runner.worker_host() == "gpu b/1" and runner.host_queue(runner.worker_host()) == "host-gpu-b-1"
