@@ -159,19 +159,24 @@ def _kill_tree(pid: int, sig: int) -> None:
             pass
 
 
-def trainers(run_ids: list[int]) -> list[int]:
-    """Pids of `ablate.train` processes training any of these runs (any parent)."""
+def trainers(run_ids: list[int], cluster: Cluster) -> list[int]:
+    """Pids of `ablate.train` processes training any of these runs of this cluster (any parent; found by the
+    cluster's PREFECT_HOME in their environment: another test session's cluster on this machine has runs of the
+    same ids)."""
     found = []
     wanted = {str(r) for r in run_ids}
+    home = f"PREFECT_HOME={cluster.env['PREFECT_HOME']}".encode()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
+                args = [a.decode(errors="replace") for a in argv]
+                if not ("ablate.train" in args and "--run-id" in args and args[args.index("--run-id") + 1] in wanted):
+                    continue
+                if home in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
             except OSError:
                 continue
-            args = [a.decode(errors="replace") for a in argv]
-            if "ablate.train" in args and "--run-id" in args and args[args.index("--run-id") + 1] in wanted:
-                found.append(int(entry.name))
     return found
 
 
@@ -333,7 +338,7 @@ def test_a_pool_without_a_worker_is_said_in_the_sweep_log_and_a_cancel_reaches_i
         logs[-2000:]
 
 
-def _both_training(engine, sweep: str) -> list[int]:
+def _both_training(cluster, engine, sweep: str) -> list[int]:
     """The ids of the sweep's two runs, once both train (a step logged, a trainer process each)."""
     deadline = Deadline(240)
     while True:
@@ -341,7 +346,7 @@ def _both_training(engine, sweep: str) -> list[int]:
             rows = conn.execute(sa.select(store.Run.id, store.Run.status, store.Run.last_step).join(store.Sweep)
                                 .where(store.Sweep.name == sweep)).all()
         ids = [r.id for r in rows]
-        if rows and all(r.status == "running" and r.last_step for r in rows) and len(trainers(ids)) == 2:
+        if rows and all(r.status == "running" and r.last_step for r in rows) and len(trainers(ids, cluster)) == 2:
             return ids
         deadline.check(rows)
         time.sleep(0.5)
@@ -351,11 +356,11 @@ def test_cancelling_a_sweep_flow_run_leaves_no_trainer_running_within_30_s(clust
     flow_run_id = cluster.deployment_run("sweep/cancel")
     watching = cluster.start(str(BIN / "ablate"), "sweep", "watch", "cancel", "--db", cluster.url, "--poll", "1")
     engine = store.connect(cluster.url)
-    ids = _both_training(engine, "cancel")
+    ids = _both_training(cluster, engine, "cancel")
     t0, stopping = time.monotonic(), Deadline(30)
     assert cluster.run(str(BIN / "prefect"), "flow-run", "cancel", flow_run_id).returncode == 0
-    while trainers(ids):
-        stopping.check(f"trainers still running 30 s after the cancel: {trainers(ids)}")
+    while trainers(ids, cluster):
+        stopping.check(f"trainers still running 30 s after the cancel: {trainers(ids, cluster)}")
         time.sleep(0.5)
     gone = time.monotonic() - t0
     deadline = Deadline(60)
@@ -381,13 +386,13 @@ def test_ablate_sweep_cancel_ends_the_trainers_and_the_sweep_flow_cancelled_with
     seen = len(sweeps_log.read_text())
     flow_run_id = cluster.deployment_run("sweep/cancel", "name=cancel-by-ablate")
     engine = store.connect(cluster.url)
-    ids = _both_training(engine, "cancel-by-ablate")
+    ids = _both_training(cluster, engine, "cancel-by-ablate")
     watching = cluster.start(str(BIN / "ablate"), "sweep", "watch", "cancel-by-ablate", "--db", cluster.url,
                              "--poll", "1")
     t0 = time.monotonic()
     cancelled = cluster.run(str(BIN / "ablate"), "sweep", "cancel", "cancel-by-ablate", "--db", cluster.url)
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-    wait_until(lambda: not trainers(ids), 60, "trainers still running after `ablate sweep cancel`")
+    wait_until(lambda: not trainers(ids, cluster), 60, "trainers still running after `ablate sweep cancel`")
     print(f"timings: both trainers gone {time.monotonic() - t0:.1f} s after `ablate sweep cancel`")
     wait_until(lambda: cluster.flow_run(flow_run_id).state.is_final(), 60, "the sweep flow run ended")
     assert cluster.flow_run(flow_run_id).state.is_cancelled(), cluster.flow_run(flow_run_id).state
@@ -401,7 +406,7 @@ def test_a_sweep_that_lived_through_a_server_restart_still_cancels_its_trainers(
     the trainers all the same (the worker stops the flow run and runs its on_cancellation hook)."""
     flow_run_id = cluster.deployment_run("sweep/cancel", "name=cancel-after-outage")
     engine = store.connect(cluster.url)
-    ids = _both_training(engine, "cancel-after-outage")
+    ids = _both_training(cluster, engine, "cancel-after-outage")
     _kill_tree(cluster.server.pid, signal.SIGKILL)
     cluster.server.wait()
     time.sleep(10)
@@ -411,7 +416,7 @@ def test_a_sweep_that_lived_through_a_server_restart_still_cancels_its_trainers(
                              "--poll", "1")
     t0 = time.monotonic()
     assert cluster.run(str(BIN / "prefect"), "flow-run", "cancel", flow_run_id).returncode == 0
-    wait_until(lambda: not trainers(ids), 90, "trainers still running after the cancel")
+    wait_until(lambda: not trainers(ids, cluster), 90, "trainers still running after the cancel")
     print(f"timings: after a server restart, both trainers gone {time.monotonic() - t0:.1f} s after the cancel")
     assert watching.wait(timeout=patience(90)) == 3
     with engine.connect() as conn:

@@ -1,19 +1,22 @@
-"""A cluster with a broken host, for real: a local Prefect server, `ablate deploy` without --db (every host reads
-ABLATE_DB_URL, as a lab's .env gives it), and two trial workers on two host names: gpu-a, whose environment lacks
-ABLATE_DB_URL, and gpu-b, which has it. A sweep never ends Completed with a run untrained, and a run that gpu-a
+"""A cluster with a broken host, for real: a local Prefect server, the results DB on PostgreSQL, `ablate deploy`
+without --db (every host reads ABLATE_DB_URL, as a lab's .env gives it), and two trial workers on two host names:
+gpu-a, whose environment lacks ABLATE_DB_URL, and gpu-b, which has it. A sweep never ends Completed with a run untrained, and a run that gpu-a
 failed goes to gpu-b.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import time
+import uuid
 
 import pytest
 import sqlalchemy as sa
 import yaml
 
 from ablate import store
+from conftest import PG_ADMIN_URL, _pg_available
 from tests.flows.test_cluster import BIN, Cluster, _kill_tree, _spec
 from tests.waiting import Deadline, patience, wait_until
 
@@ -21,13 +24,32 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
+def results_db():
+    """The results DB a lab shares: a throwaway database on the real PostgreSQL server (dropped afterwards)."""
+    if not _pg_available():
+        if os.environ.get("CI"):
+            pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL}; .ci/run must start it")
+        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}")
+    name = f"ablate_hosts_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    yield sa.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    store.close_engines()
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory, results_db):
     tmp = tmp_path_factory.mktemp("hosts")
     sweeps = tmp / "sweeps"
     sweeps.mkdir()
     spec = _spec("owed", {"steps": 5}, "lab", [{"d_model": [32]}])
     (sweeps / "owed.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     c = Cluster(tmp)
+    c.url = results_db
     with_db = {**c.env, "ABLATE_DB_URL": c.url}
     try:
         c.start_server()
