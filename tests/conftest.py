@@ -38,24 +38,29 @@ def _pg_available() -> bool:
         return False
 
 
-@pytest.fixture
-def postgres_url():
-    """A throwaway database on the real PostgreSQL server; dropped afterwards."""
+def throwaway_postgres(prefix: str = "ablate_test"):
+    """A new database on the real PostgreSQL server, dropped afterwards (a generator: yields its URL). Fails in CI
+    and skips elsewhere when the server is not reachable."""
     import sqlalchemy as sa
 
     if not _pg_available():
         if os.environ.get("CI"):
             pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL}; .ci/run must start it")
         pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}")
-    name = f"ablate_test_{uuid.uuid4().hex[:10]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    yield url
+    yield sa.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
     with admin.connect() as conn:
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
+
+
+@pytest.fixture
+def postgres_url():
+    """A throwaway database on the real PostgreSQL server; dropped afterwards."""
+    yield from throwaway_postgres()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -6,17 +6,15 @@ failed goes to gpu-b.
 
 from __future__ import annotations
 
-import os
 import signal
 import time
-import uuid
 
 import pytest
 import sqlalchemy as sa
 import yaml
 
 from ablate import store
-from conftest import PG_ADMIN_URL, _pg_available
+from conftest import throwaway_postgres
 from tests.flows.test_cluster import BIN, Cluster, _kill_tree, _spec
 from tests.waiting import Deadline, patience, wait_until
 
@@ -26,19 +24,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def results_db():
     """The results DB a lab shares: a throwaway database on the real PostgreSQL server (dropped afterwards)."""
-    if not _pg_available():
-        if os.environ.get("CI"):
-            pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL}; .ci/run must start it")
-        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}")
-    name = f"ablate_hosts_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    yield sa.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    store.close_engines()
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    for url in throwaway_postgres("ablate_hosts"):
+        yield url
+        store.close_engines()
 
 
 @pytest.fixture(scope="module")
