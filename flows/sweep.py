@@ -198,7 +198,6 @@ def _run_here(gpus_per_trial: int, todo: list[int], opts: runner.LaunchOptions, 
     return done
 
 
-OWED = ("pending", "preempted", "running")  # a run in one of these when its sweep stops dispatching was not trained
 
 
 def _final(done: Any, engine: Any, name: str) -> Any:
@@ -208,6 +207,8 @@ def _final(done: Any, engine: Any, name: str) -> Any:
     (runner.STOP) leaves its owed runs for the next run of the sweep."""
     results = done.results
     failed = [rid for rid, status in results.items() if status == "failed"]
+    from flows.dispatch import SETTLED as OWED  # a run in one of these when its sweep stops dispatching is untrained
+
     owed = {} if runner.STOP.is_set() else {rid: s for rid, s in results.items() if s in OWED and not (
         s == "running" and store.is_live(store.get_run(engine, rid)))}  # one training under another runner is not
     if failed or owed:

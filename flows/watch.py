@@ -19,9 +19,9 @@ import sqlalchemy as sa
 from ablate import runner, store
 from ablate.config.errors import AblateError
 from flows.dispatch import DB_LABEL, SWEEP_LABEL
+from flows.dispatch import SETTLED as OWED  # statuses that are not an outcome yet
 
 COMPLETED, FAILED, CANCELLED = 0, 1, 3  # exit codes
-OWED = ("pending", "preempted", "running")
 NEW_RUN_SECONDS = 60.0  # how long a watch that finds the sweep's last flow run ended with runs owed waits for a new one
 
 

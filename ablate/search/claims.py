@@ -17,6 +17,8 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
+from ablate.config.errors import AblateError
+
 MAX_REQUEUES = 2  # a trial whose worker died is re-queued at most this many times
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
 
@@ -137,7 +139,7 @@ def take_over_dead(study: optuna.Study, storage: optuna.storages.BaseStorage, en
             continue
         try:
             run = store.get_run(engine, run_id)
-        except Exception:  # noqa: BLE001 - a row deleted meanwhile: Optuna's heartbeat rule decides
+        except AblateError:  # a row deleted meanwhile: Optuna's heartbeat rule decides
             continue
         if run.status != "running" or store.is_live(run):
             continue
