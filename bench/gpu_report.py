@@ -45,7 +45,7 @@ SECTIONS = [
                                       "final_eval_loss", "tokens_per_second", "mfu", "precision", "peak_memory_mb",
                                       "train_seconds", "startup_seconds", "error"]),
     ("orderings", "Orderings: claims", ["claim", "better_mean", "better_n", "worse_mean", "worse_n", "effect", "p",
-                                        "p_adjusted", "verdict", "left_out"]),
+                                        "p_adjusted", "verdict", "better_left_out", "worse_left_out"]),
     ("profile", "Profile of the slowest architecture's step", ["arch", "op", "calls", "ms_per_step", "share"]),
 ]
 

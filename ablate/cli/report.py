@@ -43,7 +43,8 @@ def report(sweep: str, out: str | None, formats: str, compare: tuple[str, ...], 
     for table in built.tables:
         console.print(escape(table.markdown()))
         console.print()
-    for line in built.orderings + ([built.floor] if built.floor else []) + built.scaling:
+    method = [f"Method: {built.method}."] if built.method else []
+    for line in built.orderings + method + ([built.floor] if built.floor else []) + built.scaling:
         console.print(escape(line))
         console.print()
     console.print(f"report written to {built.out}/ (" + ", ".join(p.name for p in built.files) + ")")

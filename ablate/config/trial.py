@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationError, model_validator
@@ -172,6 +173,14 @@ class TrialConfig(Frozen):
             out["code"] = self.code
         return out
 
+    def flat(self) -> dict[str, Any]:
+        """Every field, flattened: the axes, then the rest (nested blocks as `budget.steps`, lists as tuples). The
+        fields that differ between a sweep's trials are what tells its configurations apart (varying_fields)."""
+        out = self.axes()
+        rest = self.model_dump(mode="json", exclude={*AXIS_FIELDS, "options", "objective_options", "code"})
+        out.update(flatten(rest))
+        return out
+
     def effective_options(self) -> dict[str, Any]:
         """The family's option defaults overlaid with this trial's options (the fingerprint keeps only the latter)."""
         return registry.options_model(self.architecture)(**self.options).model_dump(mode="json")
@@ -179,7 +188,45 @@ class TrialConfig(Frozen):
 
 AXIS_FIELDS = ("architecture", "objective", "d_model", "layers", "heads", "context", "lr", "batch_size", "seed")
 SWEEP_LEVEL_FIELDS = ("dataset", "tokenizer", "budget", "eval")
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config's JSON as one level: {"budget": {"steps": 100}} -> {"budget.steps": 100}; lists become tuples."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def varying_fields(flats: list[dict[str, Any]], exclude: tuple[str, ...] = ("seed",)) -> list[str]:
+    """The flattened fields whose values differ between these configurations (a field one lacks counts as None):
+    every one of them tells configurations apart, so a cell of seeds must hold each fixed."""
+    keys = dict.fromkeys(k for flat in flats for k in flat)
+    return [k for k in keys if k not in exclude and len({repr(flat.get(k)) for flat in flats}) > 1]
+
+
 GRID_FIELDS = tuple(f for f in TrialConfig.model_fields if f not in SWEEP_LEVEL_FIELDS and f != "code")
+
+
+def fields_that_differ(configs: Sequence[dict[str, Any] | None], flat: Callable[[int], dict[str, Any]] | None = None,
+                       skip: tuple[str, ...] = ("seed",)) -> tuple[list[str], list[dict[str, Any]]]:
+    """The flattened fields that differ between runs' stored configs (`skip` aside), and each run's flattened
+    fields. Flattened once per distinct config, not per run (100,000 runs are a few hundred configs): `flat(i)`
+    flattens the i-th (default: the stored JSON, with the fields added since older rows were written filled in)."""
+    import orjson
+
+    distinct: dict[bytes, dict[str, Any]] = {}
+    flats = []
+    for i, config in enumerate(configs):
+        kept = {k: v for k, v in {**_LEGACY_DEFAULTS, **(config or {})}.items() if k not in skip}
+        key = orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)
+        if key not in distinct:
+            distinct[key] = flatten(kept) if flat is None else flat(i)
+        flats.append(distinct[key])
+    return varying_fields(list(distinct.values()), exclude=skip), flats
 
 
 # fields added after runs were recorded, at the value every earlier trial had: left out of the fingerprint there,

@@ -6,7 +6,8 @@ loss curves, and writes report.md, a self-contained report.html, the figures and
 
 - `views.py`: which axes vary among runs, their labels (runs themselves: RunView, load_views in ablate.results).
 - `tables.py`: the tables (Table, layout_tables) and their cells' formatting.
-- `notes.py`: what is said beside the tables: run notes, recipes, the study's orderings checked.
+- `notes.py`: what is said beside the tables: run notes, recipes, the study's orderings checked, the method line.
+- `verdicts.py`: the claims as a table (report.md, report.html and the dashboard's study).
 - `curves.py`: the loss curves: which lines a figure draws, the metric points, their CSV, the figure.
 - `samples.py`: completions of the sweep's prompt by the best runs' models.
 - `reading.py`: `--at` / `--group` over the spec's report block, and tables.csv (every cell as numbers).

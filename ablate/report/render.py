@@ -24,6 +24,7 @@ from ablate.report.reading import at_note, with_reading, write_tables_csv
 from ablate.report.samples import prompt_completions
 from ablate.report.scaling import draw_laws, scaling_lines, write_scaling_csv
 from ablate.report.tables import Table, _one_table, layout_tables
+from ablate.report.verdicts import VerdictTable, verdict_table
 from ablate.report.views import _long_lived
 from ablate.config.units import parse_at
 from ablate.results.equal import read_runs_at
@@ -47,6 +48,7 @@ class Report:
     scaling: list[str] = field(default_factory=list)
     claims: Claims | None = None  # the orderings' comparisons, verdicts and noise floor (claims.csv)
     floor: str | None = None  # the noise floor line, where orderings were checked
+    method: str | None = None  # how the verdicts were reached, where orderings were checked
 
 
 @dataclass
@@ -74,6 +76,7 @@ class Page:
     orderings: list[str]  # the study's published orderings, checked
     claims: Claims
     floor: str | None  # the noise floor the orderings are read against
+    verdicts: VerdictTable | None  # the claims as a table, with the method line (None: no orderings)
     scaling: list[str]  # each architecture's fitted laws and the crossovers, in words
     samples: list[tuple[int, str, str]]  # (run id, label, completion of the prompt)
     of_runs: str  # which runs the completions are, when not every run with a checkpoint
@@ -150,7 +153,8 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
         if laws.laws:
             files.append(write_scaling_csv(laws, out / "scaling.csv"))
     return Report(sweep=spec.name, tables=tables, figures=figures.files, out=out, files=files,
-                  orderings=page.orderings, claims=page.claims, floor=page.floor, scaling=page.scaling)
+                  orderings=page.orderings, claims=page.claims, floor=page.floor, scaling=page.scaling,
+                  method=page.verdicts.method if page.verdicts and page.claims.cells else None)
 
 
 def _draw_figures(engine: sa.Engine, spec: SweepSpec, tables: list[Table], out: Path,
@@ -198,7 +202,8 @@ def _page(spec: SweepSpec, views: list[RunView], tables: list[Table], out: Path,
     of_runs = (f" ({len(samples)} of {sampleable} runs with a checkpoint: the lowest test losses)"
                if len(samples) < sampleable else "")
     return Page(spec=spec, tables=tables, out=out, summary=_summary(views), recipe=recipe, orderings=orderings,
-                claims=claims, floor=floor_line(claims) if claims.cells else None, scaling=scaling, samples=samples,
+                claims=claims, floor=floor_line(claims) if claims.cells else None,
+                verdicts=verdict_table(spec, claims), scaling=scaling, samples=samples,
                 of_runs=of_runs,
                 figures=figures)
 
@@ -208,8 +213,7 @@ def render_markdown(page: Page) -> str:
     spec = page.spec
     md = [f"# {spec.name}", "", spec.description, "", page.summary, ""]
     md += [f"{line}  " for line in page.recipe] + ([""] if page.recipe else [])
-    md += [f"**Against the study.** {line}\n" for line in page.orderings]
-    md += [f"_{page.floor}_", ""] if page.floor else []
+    md += [page.verdicts.markdown(), ""] if page.verdicts else []
     drawn = set(page.figures.files)
     for i, t in enumerate(page.tables):
         md += [t.markdown(), ""]
@@ -238,7 +242,7 @@ def render_html(page: Page) -> str:
               "caption": figures.captions[i] if i < len(figures.embedded) else ""} for i, t in enumerate(page.tables)]
     return _templates().get_template("report.html.j2").render(
         name=page.spec.name, description=page.spec.description, summary=page.summary, recipe=page.recipe,
-        orderings=page.orderings, floor=page.floor, tables=shown, prompt=page.spec.report.prompt, of_runs=page.of_runs,
+        verdicts=page.verdicts, tables=shown, prompt=page.spec.report.prompt, of_runs=page.of_runs,
         samples=page.samples, scaling=page.scaling, scaling_png=figures.scaling, together=figures.together)
 
 

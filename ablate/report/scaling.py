@@ -17,7 +17,7 @@ UNIT_WORDS = {"params": "parameters N", "flops": "training compute C (FLOPs)"}
 def scaling_lines(laws: Laws) -> list[str]:
     lines = []
     for law in laws.laws:
-        pooled = f" (pooled over {', '.join(law.pooled)})" if law.pooled else ""
+        pooled = f" ({', '.join(law.pooled)} changing with size)" if law.pooled else ""
         for unit, fit in law.fits.items():
             lines.append(f"{law.architecture}, test loss against {UNIT_WORDS[unit]}{pooled}: {fit.text(unit)}")
     for unit, a, b, cross in laws.crossovers:

@@ -11,6 +11,7 @@ from ablate.config import SweepSpec, TableSpec
 from ablate.config.units import parse_at
 from ablate.report.notes import run_notes
 from ablate.results.equal import BEFORE_FIRST, NO_FLOPS, NOT_REACHED
+from ablate.results.cells import read_seeds, split_axes
 from ablate.results.orderings import comparable, noise_floor
 from ablate.results.stats import mean_ci
 from ablate.report.views import _label, _varying
@@ -38,17 +39,18 @@ class Table:
 
 def layout_tables(spec: SweepSpec, views: list[RunView]) -> list[Table]:
     at = parse_at(spec.report.at)
+    floor = noise_floor(views, spec.report.min_steps)  # the report's one floor, as its claims read it
     if spec.report.group:  # one table: the group axes' combinations, every other axis averaged
         tables = [_one_table(spec, TableSpec(title=spec.name, group_by=(), columns=spec.report.group[0]), views,
-                             extra=list(spec.report.group[1:]))] if views else []
+                             extra=list(spec.report.group[1:]), floor=floor)] if views else []
     else:
-        tables = _spec_tables(spec, views)
+        tables = _spec_tables(spec, views, floor)
     for t in tables if at else ():
         t.title += f" at {at.text()}"
     return tables
 
 
-def _spec_tables(spec: SweepSpec, views: list[RunView]) -> list[Table]:
+def _spec_tables(spec: SweepSpec, views: list[RunView], floor: dict[str, tuple[float | None, int]]) -> list[Table]:
     tables = []
     for tspec in spec.report.tables:
         chosen = [v for v in views if _matches(v, tspec.where)]
@@ -56,15 +58,19 @@ def _spec_tables(spec: SweepSpec, views: list[RunView]) -> list[Table]:
         for v in chosen:
             groups.setdefault(tuple(repr(v.axes.get(k)) for k in tspec.group_by), []).append(v)
         for key, members in groups.items():
-            tables.append(_one_table(spec, tspec, members))
+            tables.append(_one_table(spec, tspec, members, floor=floor))
     return tables
 
 
-def _one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView], extra: list[str] | None = None) -> Table:
-    """A table whose columns are `tspec.columns` × `extra` (default: every other axis that varies)."""
+def _one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView], extra: list[str] | None = None,
+               floor: dict[str, tuple[float | None, int]] | None = None) -> Table:
+    """A table whose columns are `tspec.columns` × `extra` (default: every other axis that varies, so that each
+    column is one configuration); `floor`: the report's noise floor (default: these runs')."""
     col_axis = tspec.columns
     averaged = [] if extra is None else _varying(members, {col_axis, *extra})
-    extra = _varying(members, set(tspec.group_by) | {col_axis}) if extra is None else extra
+    if extra is None:
+        extra = _varying(members, set(tspec.group_by) | {col_axis})
+        extra = split_axes(members, [col_axis, *extra])[1:]  # and whatever else still differs within a column
     columns: dict[tuple, list[RunView]] = {}
     for v in sorted(members, key=_grid_order(members, [col_axis, *extra])):
         columns.setdefault((repr(v.axes.get(col_axis)), *[repr(v.axes.get(k)) for k in extra]), []).append(v)
@@ -87,7 +93,8 @@ def _one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView], extra:
     short = [any(not comparable(r, spec.report.min_steps) for r in runs if r.row.status == "completed")
              for runs in cols]
     rows = [("Train", [_loss_cell(runs, "final_train_loss", mixed) for runs in cols]),
-            ("Test", [_loss_cell(runs, "final_eval_loss", mixed) + " †" * flag for runs, flag in zip(cols, short)]),
+            ("Test", [_loss_cell(runs, "final_eval_loss", mixed, said=True) + " †" * flag
+                      for runs, flag in zip(cols, short)]),
             ("Steps", [_range_cell([r.row.steps for r in runs], "{:.0f}") for runs in cols]),
             ("Epochs", [_epochs_cell(runs) for runs in cols])]
     if spec.budget.kind != "wall_clock":  # the budget is work: say how long each cell took to do it
@@ -107,11 +114,12 @@ def _one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView], extra:
         rows.append(("Train (published)", [_ref_cell(runs, "train") for runs in columns.values()]))
         rows.append(("Test (published)", [_ref_cell(runs, "eval") for runs in columns.values()]))
         rows.append(("Test − published", [_diff_cell(runs) for runs in columns.values()]))
-    # the spread of this table's cells, short runs included (the orderings' floor leaves those out)
-    floor = [(arch, std) for arch, (std, _) in noise_floor([r for runs in cols for r in runs]).items()
-             if std is not None]
-    if floor:
-        notes.append("Noise floor (seed std of test loss, pooled): " + ", ".join(f"{a} {s:.3f}" for a, s in floor)
+    floor = noise_floor(members, spec.report.min_steps) if floor is None else floor
+    archs = dict.fromkeys(str(r.axes.get("architecture")) for runs in cols for r in runs)
+    known = [(a, floor[a][0]) for a in archs if floor.get(a, (None, 0))[0] is not None]
+    if known:
+        notes.append("Noise floor (seed std of test loss, pooled over each architecture's configurations, runs under "
+                     f"{spec.report.min_steps} steps left out): " + ", ".join(f"{a} {s:.3f}" for a, s in known)
                      + "; differences smaller than that are not wins.")
     notes += run_notes([v for runs in columns.values() for v in runs])
     notes.append("Losses are token-weighted cross-entropy in nats (the studies averaged per-batch means).")
@@ -148,17 +156,19 @@ def _status_of(runs: list[RunView]) -> str | None:
 
 
 def _completed(runs: list[RunView], column: str) -> list[float]:
-    """The column's values of the runs that completed with one (a cell's, or a configuration's, numbers)."""
-    return [getattr(r.row, column) for r in runs if r.row.status == "completed" and getattr(r.row, column) is not None]
+    """The column's values of the runs that completed with a finite one (a cell's, or a configuration's, numbers)."""
+    return read_seeds(runs, lambda v: getattr(v.row, column)).values
 
 
-def _loss_cell(runs: list[RunView], column: str, say_n: bool = False) -> str:
-    """mean ± the half-width of its 95% t-interval (n); one seed: the value, with (n=1) beside cells that have more."""
-    values = _completed(runs, column)
-    if not values:
-        return _status_of(runs) or "-"
-    estimate = mean_ci(values)
-    return estimate.text() if estimate.n > 1 or say_n else f"{estimate.mean:.2f}"
+def _loss_cell(runs: list[RunView], column: str, say_n: bool = False, said: bool = False) -> str:
+    """mean ± the half-width of its 95% t-interval (n); one seed: the value, with (n=1) beside cells that have more;
+    `said`: with the runs it left out and why, '(n=3; 1 of 4 diverged)'."""
+    seeds = read_seeds(runs, lambda v: getattr(v.row, column))
+    if not seeds.values:
+        return _status_of(runs) or (seeds.reason() if seeds.left else "-")
+    estimate = mean_ci(seeds.values)
+    left = seeds.said() if said else ""
+    return estimate.text(said=left) if estimate.n > 1 or say_n or left else f"{estimate.mean:.2f}"
 
 
 def _range_cell(values: list[float | None], fmt: str) -> str:

@@ -5,6 +5,8 @@
                  read files or the server's state
     frames.py    runs(), metrics(), claims(), runs_of(), to_csv(): DataFrames for notebooks and the report
     views.py     RunView, load_views: runs with their axes and published numbers, as the report reads them
+    cells.py     what a cell is: one configuration (every field the sweep's trials differ in), its seeds, what it
+                 left out and why
     stats.py     means with confidence intervals, Welch's test, Holm's adjustment, verdicts
     orderings.py the study's orderings tested on the runs (check_claims), the noise floor
     equal.py     runs read at an equal budget of another kind (flops, tokens, seconds, steps) on their curves

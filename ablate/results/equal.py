@@ -35,27 +35,29 @@ def x_of(kind: str, points: Any, flops_per_token: float | None) -> Any:
     return None if not flops_per_token else points[:, 1] * flops_per_token
 
 
-def loss_at(points: Any, x: Any, amount: float) -> float | None:
-    """The loss at `amount` on the curve (x, points[:, 3]), linearly interpolated; None past the last point, NaN
-    before the first."""
+def loss_at(points: Any, x: Any, amount: float, column: int = 3) -> float | None:
+    """The loss (or another column of the points: 2 is the step) at `amount` on the curve (x, points[:, column]),
+    linearly interpolated; None past the last point, NaN before the first."""
     import numpy as np
 
     if x is None or len(x) == 0 or amount > x[-1] * (1 + 1e-9):
         return None
     if amount < x[0] * (1 - 1e-9):
         return math.nan  # a run that got there but logged nothing before: no number, no extrapolation
-    return float(np.interp(amount, x, points[:, 3]))
+    return float(np.interp(amount, x, points[:, column]))
 
 
 @dataclass(frozen=True)
 class RowAt:
     """A run's row read at an equal budget: its final losses are the interpolated ones, its status NOT_REACHED
-    where it stopped short (or has no points there); every other field is the run's own."""
+    where it stopped short (or has no points there), `steps_read` the optimizer steps it had trained by then (what
+    report.min_steps is held to); every other field is the run's own."""
 
     row: Any
     final_train_loss: float | None
     final_eval_loss: float | None
     status: str
+    steps_read: float | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.row, name)
@@ -70,6 +72,8 @@ def read_at(views: list[Any], at: At, curves: dict[tuple[int, str], Any]) -> lis
         for split in ("train", "eval"):
             pts = curves.get((row.id, split))
             values[split] = None if pts is None else loss_at(pts, x_of(at.kind, pts, row.flops_per_token), at.amount)
+        pts = curves.get((row.id, "eval"))
+        steps = None if pts is None else loss_at(pts, x_of(at.kind, pts, row.flops_per_token), at.amount, column=2)
         status = row.status
         if status == "completed" and at.kind == "flops" and not row.flops_per_token:
             status = NO_FLOPS
@@ -78,7 +82,8 @@ def read_at(views: list[Any], at: At, curves: dict[tuple[int, str], Any]) -> lis
         elif status == "completed" and math.isnan(values["eval"]):
             status = BEFORE_FIRST
         values = {k: None if x is None or math.isnan(x) else x for k, x in values.items()}
-        out.append(replace(v, row=RowAt(row, values["train"], values["eval"], status)))
+        steps = None if steps is None or math.isnan(steps) else steps
+        out.append(replace(v, row=RowAt(row, values["train"], values["eval"], status, steps)))
     return out
 
 

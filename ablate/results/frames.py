@@ -19,7 +19,7 @@ def runs(sweep: str | None = None, url: str | None = None):
         q = q.where(store.Sweep.id == _sweep_id(engine, sweep))
     with engine.connect() as conn:
         frame = pd.read_sql(q.order_by(store.Run.id), conn)
-    return _integers(frame)
+    return _with_varying(_integers(frame))
 
 
 def runs_of(rows: list[Any], sweep: str):
@@ -30,8 +30,25 @@ def runs_of(rows: list[Any], sweep: str):
     mapper = sa.inspect(store.Run)
     keys = [(column.name, mapper.get_property_by_column(column).key) for column in store.Run.__table__.columns]
     records = [(*(getattr(run, key) for _, key in keys), sweep) for run in sorted(rows, key=lambda r: r.id)]
-    return _integers(pd.DataFrame.from_records(records, columns=[*(name for name, _ in keys), "sweep"],
-                                               coerce_float=True))
+    return _with_varying(_integers(pd.DataFrame.from_records(records, columns=[*(name for name, _ in keys), "sweep"],
+                                                             coerce_float=True)))
+
+
+def _with_varying(frame: Any) -> Any:
+    """A column for every config field that differs between the runs and has none yet (weight_decay, warmup,
+    budget.steps, ...): what tells their configurations apart, beside the axes the run table keeps."""
+    import json
+
+    from ablate.config.trial import fields_that_differ
+
+    if "config" not in frame or frame.empty:
+        return frame
+    varying, flats = fields_that_differ([json.loads(c) if isinstance(c, str) else c for c in frame["config"]],
+                                        skip=("seed", "options", "objective_options"))
+    for key in varying:
+        if key not in frame:
+            frame[key] = [flat.get(key) for flat in flats]
+    return frame
 
 
 def _integers(frame: Any) -> Any:

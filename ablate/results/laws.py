@@ -3,8 +3,10 @@ run's parameter count), and against training compute, L(C) (C: tokens × trainin
 end), fitted by scaling.fit_power_law with a bootstrap over seeds; and where two architectures' curves cross.
 
 A sweep gets fits when an architecture has runs at 3 sizes or more; runs that trained fewer than the report's
-`min_steps` steps, and runs with no loss, are left out. Other axes that vary within an architecture (a learning
-rate, say) are pooled into its points, and the report says which.
+`min_steps` steps, and runs with no finite loss, are left out. An axis that differs between runs of one size (a
+weight decay the grid varies, say) makes another configuration: each gets its own law, named by it, and crossovers
+compare architectures at equal such axes. An axis that changes only with size (a learning rate per width) is
+part of the size; the report says which.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
+from ablate.results.cells import differing
 from ablate.results.orderings import comparable
 from ablate.results.scaling import Crossover, Fit, crossover, fit_power_law
 from ablate.results.views import RunView
@@ -26,10 +29,12 @@ SIZE_AXES = ("d_model", "layers", "heads", "kv_heads", "context")  # axes that c
 class ArchitectureLaw:
     """One architecture's points and fits: x as parameters (N) and as compute (C)."""
 
-    architecture: str
+    architecture: str  # the law's name: the architecture, with the axes that tell its configurations apart
     points: dict[str, list[tuple[float, float, int]]]  # "params"/"flops" -> (x, loss, seed)
     fits: dict[str, Fit]
-    pooled: list[str] = field(default_factory=list)  # other axes varying within the architecture
+    pooled: list[str] = field(default_factory=list)  # other axes that change with size within the law
+    where: dict[str, Any] = field(default_factory=dict)  # the configuration's axes beyond size (split laws only)
+    family: str = ""  # the architecture alone
 
 
 @dataclass
@@ -48,7 +53,7 @@ def _x(view: RunView, unit: str) -> float | None:
 
 
 def fit_laws(views: list[RunView], min_steps: int = 0, bootstrap: int = 1000) -> Laws:
-    """The fits of every architecture with runs at MIN_SIZES sizes or more (none: an empty Laws)."""
+    """The fits of every architecture's configurations with runs at MIN_SIZES sizes or more (none: an empty Laws)."""
     by_arch: dict[str, list[RunView]] = {}
     for v in views:
         loss = v.row.final_eval_loss if v.row.status == "completed" else None
@@ -56,20 +61,46 @@ def fit_laws(views: list[RunView], min_steps: int = 0, bootstrap: int = 1000) ->
             by_arch.setdefault(str(v.axes.get("architecture")), []).append(v)
     result = Laws()
     for arch, runs in sorted(by_arch.items()):
-        points = {unit: [(x, r.row.final_eval_loss, r.axes.get("seed") or 0) for r in runs
-                         if (x := _x(r, unit)) is not None and x > 0] for unit in ("params", "flops")}
-        points["flops"] = _per_size(runs, points["flops"])
-        if len({x for x, _, _ in points["params"]}) < MIN_SIZES:
-            continue
-        fits = {unit: fit_power_law([p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts],
-                                    bootstrap=bootstrap) for unit, pts in points.items() if pts}
-        result.laws.append(ArchitectureLaw(arch, points, fits, _pooled(runs)))
+        for where, members in _configurations(runs):
+            law = _law(arch, where, members, bootstrap)
+            if law is not None:
+                result.laws.append(law)
     for a, b in combinations(result.laws, 2):
+        if a.family == b.family or not _same_where(a, b):
+            continue
         for unit in ("params", "flops"):
             if unit in a.fits and unit in b.fits:
                 result.crossovers.append((unit, a.architecture, b.architecture,
                                           crossover(a.architecture, a.fits[unit], b.architecture, b.fits[unit])))
     return result
+
+
+def _configurations(runs: list[RunView]) -> list[tuple[dict[str, Any], list[RunView]]]:
+    """An architecture's runs split by the axes that differ between runs of one size (another configuration)."""
+    sizes: dict[Any, list[RunView]] = {}
+    for r in runs:
+        sizes.setdefault(tuple(repr(r.axes.get(k)) for k in SIZE_AXES), []).append(r)
+    split = sorted({k for members in sizes.values() for k in differing(members, exclude={"architecture", *SIZE_AXES})})
+    groups: dict[tuple, list[RunView]] = {}
+    for r in runs:
+        groups.setdefault(tuple(repr(r.axes.get(k)) for k in split), []).append(r)
+    return [({k: members[0].axes.get(k) for k in split}, members) for members in groups.values()]
+
+
+def _law(arch: str, where: dict[str, Any], runs: list[RunView], bootstrap: int) -> ArchitectureLaw | None:
+    points = {unit: [(x, r.row.final_eval_loss, r.axes.get("seed") or 0) for r in runs
+                     if (x := _x(r, unit)) is not None and x > 0] for unit in ("params", "flops")}
+    points["flops"] = _per_size(runs, points["flops"])
+    if len({x for x, _, _ in points["params"]}) < MIN_SIZES:
+        return None
+    fits = {unit: fit_power_law([p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts],
+                                bootstrap=bootstrap) for unit, pts in points.items() if pts}
+    name = arch + (" (" + ", ".join(f"{k}={x}" for k, x in where.items()) + ")" if where else "")
+    return ArchitectureLaw(name, points, fits, _pooled(runs), where, arch)
+
+
+def _same_where(a: ArchitectureLaw, b: ArchitectureLaw) -> bool:
+    return all(repr(a.where.get(k)) == repr(b.where.get(k)) for k in {*a.where, *b.where})
 
 
 def _per_size(runs: list[RunView], points: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:

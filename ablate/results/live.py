@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from ablate import store
 from ablate.config.errors import AblateError
+from ablate.config.trial import fields_that_differ
 from ablate.results.equal import x_of
 from ablate.results.points import run_points
 
@@ -80,13 +81,19 @@ def change_tokens(engine: sa.Engine, sweep_id: int) -> tuple[str, str]:
 
 
 def run_rows(engine: sa.Engine, sweep_id: int) -> list[dict[str, Any]]:
-    """The sweep's runs in trial order as flat dicts: the row's axes (options as `options.KEY`, as stored), status,
-    progress, the latest losses, epochs and the first line of an error."""
+    """The sweep's runs in trial order as flat dicts: the row's axes (options as `options.KEY`, as stored), every
+    other config field that differs between the sweep's runs (weight_decay, budget.steps, ...: what tells its
+    configurations apart), status, progress, the latest losses, epochs and the first line of an error."""
     r = store.Run
     with engine.connect() as conn:
-        rows = conn.execute(sa.select(*(getattr(r, c) for c in ROW_COLUMNS)).where(r.sweep_id == sweep_id)
+        rows = conn.execute(sa.select(*(getattr(r, c) for c in ROW_COLUMNS), r.config).where(r.sweep_id == sweep_id)
                             .order_by(r.trial_index)).all()
-    return [_flat(row) for row in rows]
+    out = [_flat(row) for row in rows]
+    varying, flats = fields_that_differ([row.config for row in rows], skip=("seed", "options", "objective_options"))
+    varying = [k for k in varying if not any(k in flat for flat in out)]
+    for flat, config in zip(out, flats):
+        flat.update({k: config.get(k) for k in varying})
+    return out
 
 
 def _flat(row: Any) -> dict[str, Any]:

@@ -1,11 +1,18 @@
 """The study's published orderings tested on our runs, and the noise floor they are read against.
 
-`check_claims` groups a sweep's completed runs by each ordering's `at` axes, compares the two sides across seeds
-(stats.welch), adjusts every comparison of the report together (Holm) and gives each a verdict. A run that
-trained fewer than the report's `min_steps` steps is left out of every comparison: a cell made only of such runs
-gets the verdict "too few steps" instead of one. `noise_floor` is the seed-to-seed standard deviation of each
-architecture's test loss, pooled over its configurations; an effect smaller than the floor of either side is
-flagged. One code path for the report, the UI and `ablate.results.claims`.
+`check_claims` compares, for each ordering, one configuration of its better side with one of its worse side:
+the runs matching each side are split by every axis that differs among them (cells.py), the axes both sides
+share values of are held equal (the ordering's `at` axes and any other), and an axis only one side varies splits
+that side. Each cell compares its sides across seeds (stats.welch); the verdicts read the two-sided p-values
+Holm-adjusted over every comparison of the report, and the effect's sign. A run gives no number when it did not
+complete, its loss is not finite, or it trained fewer than the report's `min_steps` steps (under `--at`, fewer
+steps by the budget read); each cell says what it left out and why. A side that lost seeds to divergence is
+tested with each counted at the comparison's worst finished loss whenever leaving them out could flatter it (the
+claim's better side for "holds", its worse side for "reversed"): survivors alone overstate a side. (Counted at the
+side's own worst, a seed added at an observed value only raises n, and Welch's p fell in every case tried: no
+check.) `noise_floor` is the seed-to-seed standard deviation of each architecture's test loss, pooled over its
+configurations: one number per architecture for the whole report, flagged beside any effect smaller than the
+floor of either side. One code path for the report, the UI and `ablate.results.claims`.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from typing import Any
 
 from ablate.config import Ordering, SweepSpec
 from ablate.results import stats
+from ablate.results.cells import Seeds, config_key, differing, read_seeds, split_axes
+from ablate.results.equal import RowAt
 from ablate.results.views import RunView, _matches, _sort_key
 
 TOO_FEW_STEPS = "too few steps"
@@ -29,22 +38,28 @@ def final_eval_loss(view: RunView) -> float | None:
 
 
 def comparable(view: RunView, min_steps: int) -> bool:
-    """A completed run that trained at least `min_steps` optimizer steps (a run of unknown steps counts)."""
-    steps = view.row.steps
+    """A run that trained at least `min_steps` optimizer steps (read at a budget: by that budget; a run of unknown
+    steps counts)."""
+    steps = view.row.steps_read if isinstance(view.row, RowAt) else view.row.steps
     return steps is None or steps >= min_steps
 
 
 @dataclass
 class ClaimCell:
-    """One ordering at one combination of its `at` axes: the comparison, its adjusted p-values and verdict."""
+    """One configuration of an ordering's better side against one of its worse side, the axes they share held
+    equal (`where`): the comparison of their finished seeds, the test the verdict reads, its Holm-adjusted p."""
 
     ordering: Ordering
-    where: dict[str, Any]
-    comparison: stats.Comparison | None  # None: too few steps on a side
+    where: dict[str, Any]  # the `at` axes and the axes both sides share, held equal
+    better: Seeds
+    worse: Seeds
+    comparison: stats.Comparison | None  # of the seeds that finished; None: a side has none
+    better_where: dict[str, Any] = field(default_factory=dict)  # what else names this side's configuration
+    worse_where: dict[str, Any] = field(default_factory=dict)
+    test: stats.Comparison | None = None  # what the verdict reads (diverged seeds counted at the worst loss)
+    counted_worst: tuple[str, int, float] | None = None  # (side, diverged seeds, the loss they were counted at)
     verdict: str = stats.UNTESTED
-    p_adjusted: float | None = None
-    p_against_adjusted: float | None = None
-    left_out: int = 0  # runs of this cell left out for training fewer than min_steps steps
+    p_adjusted: float | None = None  # the two-sided p of `test`, Holm-adjusted over the report
     floor: float | None = None  # the larger noise floor of the two sides' architectures
 
     @property
@@ -68,14 +83,13 @@ class Claims:
 def noise_floor(views: list[RunView], min_steps: int = 0, value: Value = final_eval_loss
                 ) -> dict[str, tuple[float | None, int]]:
     """Per architecture: the seed-to-seed std of `value`, pooled over its configurations (runs that differ only by
-    seed), and the number of configurations with two seeds or more."""
-    configs: dict[tuple[str, str], list[float]] = {}
+    seed), and the number of configurations with two seeds or more. The report's one floor: its tables print it."""
+    configs: dict[tuple[str, tuple], list[float]] = {}
     for v in views:
         x = value(v) if v.row.status == "completed" and comparable(v, min_steps) else None
-        if x is None:
+        if x is None or not math.isfinite(x):
             continue
-        key = repr(sorted((k, repr(a)) for k, a in v.axes.items() if k != "seed"))
-        configs.setdefault((str(v.axes.get("architecture")), key), []).append(x)
+        configs.setdefault((str(v.axes.get("architecture")), config_key(v)), []).append(x)
     by_arch: dict[str, list[list[float]]] = {}
     for (arch, _), values in configs.items():
         by_arch.setdefault(arch, []).append(values)
@@ -84,66 +98,120 @@ def noise_floor(views: list[RunView], min_steps: int = 0, value: Value = final_e
 
 def check_claims(spec: SweepSpec, views: list[RunView], value: Value = final_eval_loss,
                  min_steps: int | None = None) -> Claims:
-    """Each of the spec's orderings at each value of its `at` axes: Welch across seeds, Holm over all of them."""
+    """Each of the spec's orderings, configuration against configuration: Welch across seeds, the two-sided p
+    Holm-adjusted over all of them."""
     min_steps = spec.report.min_steps if min_steps is None else min_steps
     floor = noise_floor(views, min_steps, value)
     result = Claims(floor=floor, min_steps=min_steps)
     for order in spec.report.orderings:
         result.cells += _cells_of(order, views, value, min_steps, floor)
-    tested = [c for c in result.cells if c.comparison is not None and c.comparison.tested]
+    tested = [c for c in result.cells if c.test is not None and c.test.tested]
     result.tests = len(tested)
-    adjusted = stats.holm([c.comparison.p for c in tested])
-    against = stats.holm([c.comparison.p_against for c in tested])
-    for cell, p, q in zip(tested, adjusted, against):
-        cell.p_adjusted, cell.p_against_adjusted = p, q
-        cell.verdict = stats.verdict(p, q)
+    for cell, p in zip(tested, stats.holm([c.test.p_two_sided for c in tested])):
+        cell.p_adjusted = p
+        cell.verdict = stats.verdict(p, cell.test.effect)
     return result
 
 
 def _cells_of(order: Ordering, views: list[RunView], value: Value, min_steps: int,
               floor: dict[str, tuple[float | None, int]]) -> list[ClaimCell]:
-    sides: dict[tuple, dict[str, list[float]]] = {}
-    left_out: dict[tuple, int] = {}
-    archs: dict[tuple, set[str]] = {}
-    for v in views:
-        x = value(v) if v.row.status == "completed" else None
-        if x is None:
-            continue
-        for side in ("better", "worse"):
-            if not _matches(v, getattr(order, side)):
-                continue
-            key = tuple(v.axes.get(k) for k in order.at)
-            cell = sides.setdefault(key, {"better": [], "worse": []})
-            archs.setdefault(key, set()).add(str(v.axes.get("architecture")))
-            if comparable(v, min_steps):
-                cell[side].append(x)
-            else:
-                left_out[key] = left_out.get(key, 0) + 1
+    sides = {"better": [v for v in views if _matches(v, order.better)],
+             "worse": [v for v in views if _matches(v, order.worse)]}
+    held = _held_equal(order, sides["better"], sides["worse"])
+    pairs: dict[tuple, dict[str, list[RunView]]] = {}
+    for name, members in sides.items():
+        for v in members:
+            pairs.setdefault(tuple(repr(v.axes.get(k)) for k in held), {"better": [], "worse": []})[name].append(v)
     cells = []
-    for key in sorted(sides, key=lambda k: [_sort_key(x) for x in k]):
-        better, worse = sides[key]["better"], sides[key]["worse"]
-        where = dict(zip(order.at, key))
-        arch = tuple(sorted(archs[key]))
-        floors = [floor.get(a, (None, 0))[0] for a in arch]
-        known = [f for f in floors if f is not None and math.isfinite(f)]
-        common = dict(ordering=order, where=where, left_out=left_out.get(key, 0),
-                      floor=max(known) if known else None)
-        if not better or not worse:
-            if left_out.get(key):
-                cells.append(ClaimCell(comparison=None, verdict=TOO_FEW_STEPS, **common))
-            continue  # one side never ran: nothing to compare yet
-        cells.append(ClaimCell(comparison=stats.welch(better, worse), **common))
+    for key in sorted(pairs, key=lambda k: [_sort_key(_value_of(pairs[k], a)) for a in held]):
+        both = pairs[key]
+        if not both["better"] or not both["worse"]:
+            continue  # one side never ran here: nothing to compare
+        where = {a: _value_of(both, a) for a in held}
+        for b_where, b_runs in _configurations(both["better"], held):
+            for w_where, w_runs in _configurations(both["worse"], held):
+                cells.append(_cell(order, where, b_where, b_runs, w_where, w_runs, value, min_steps, floor))
     return cells
 
 
-CLAIM_COLUMNS = ("claim", "where", "better", "better_mean", "better_low", "better_high", "better_n", "worse",
-                 "worse_mean", "worse_low", "worse_high", "worse_n", "effect", "effect_low", "effect_high", "p",
-                 "p_adjusted", "p_against_adjusted", "tests", "verdict", "noise_floor", "below_floor", "left_out")
+def _held_equal(order: Ordering, better: list[RunView], worse: list[RunView]) -> list[str]:
+    """The ordering's `at` axes, then every other axis that differs among its runs and has values on both sides
+    (a side-only axis, like Llama's heads or a per-architecture batch size, splits that side instead)."""
+    held = list(order.at)
+    for k in differing(better + worse, exclude={*order.better, *order.worse, *held}):
+        if {repr(v.axes.get(k)) for v in better} & {repr(v.axes.get(k)) for v in worse}:
+            held.append(k)
+    return held
+
+
+def _configurations(runs: list[RunView], held: list[str]) -> list[tuple[dict[str, Any], list[RunView]]]:
+    """A side's runs at one value of the held axes, one group per configuration, with the axes that tell them apart."""
+    extra = split_axes(runs, held)[len(held):]
+    groups: dict[tuple, list[RunView]] = {}
+    for v in runs:
+        groups.setdefault(tuple(repr(v.axes.get(k)) for k in extra), []).append(v)
+    return [({k: members[0].axes.get(k) for k in extra}, members) for members in groups.values()]
+
+
+def _value_of(both: dict[str, list[RunView]], axis: str) -> Any:
+    return (both["better"] or both["worse"])[0].axes.get(axis)
+
+
+def _cell(order: Ordering, where: dict[str, Any], b_where: dict[str, Any], b_runs: list[RunView],
+          w_where: dict[str, Any], w_runs: list[RunView], value: Value, min_steps: int,
+          floor: dict[str, tuple[float | None, int]]) -> ClaimCell:
+    better = read_seeds(b_runs, value, min_steps, comparable)
+    worse = read_seeds(w_runs, value, min_steps, comparable)
+    archs = sorted({str(v.axes.get("architecture")) for v in b_runs + w_runs})
+    known = [f for a in archs if (f := floor.get(a, (None, 0))[0]) is not None and math.isfinite(f)]
+    cell = ClaimCell(ordering=order, where=where, better=better, worse=worse, comparison=None, better_where=b_where,
+                     worse_where=w_where, floor=max(known) if known else None)
+    if not better.values or not worse.values:
+        empty = better if not better.values else worse
+        reason = empty.reason()
+        cell.verdict = TOO_FEW_STEPS if reason.startswith("under ") else reason
+        return cell
+    cell.comparison = cell.test = stats.welch(better.values, worse.values)
+    flattered = "better" if cell.comparison.effect > 0 else "worse" if cell.comparison.effect < 0 else None
+    side = better if flattered == "better" else worse if flattered == "worse" else None
+    if side is not None and side.diverged:
+        worst = max(better.values + worse.values)
+        counted = side.values + [worst] * side.diverged
+        cell.test = (stats.welch(counted, worse.values) if flattered == "better" else
+                     stats.welch(better.values, counted))
+        cell.counted_worst = (flattered, side.diverged, worst)
+    return cell
+
+
+CLAIM_COLUMNS = ("claim", "where", "better", "better_mean", "better_low", "better_high", "better_n", "better_left_out",
+                 "worse", "worse_mean", "worse_low", "worse_high", "worse_n", "worse_left_out", "effect", "effect_low",
+                 "effect_high", "p", "p_two_sided", "p_adjusted", "tests", "verdict", "counted_worst", "noise_floor",
+                 "below_floor")
+
+
+def side_name(cell: ClaimCell, side: str) -> dict[str, Any]:
+    """A side's configuration as the ordering names it, with the axes only that side varies."""
+    return {**getattr(cell.ordering, side), **getattr(cell, f"{side}_where")}
+
+
+def label_of(match: dict[str, Any]) -> str:
+    """A side as its values read: {'architecture': 'mixer', 'lr': 0.01} -> 'mixer 0.01'."""
+    return " ".join(str(v) for v in match.values())
+
+
+def worst_text(cell: ClaimCell) -> str:
+    """'1 diverged seed of mixer counted at 3.150 (the comparison's worst finished loss)', '' when none was."""
+    if cell.counted_worst is None:
+        return ""
+    side, k, loss = cell.counted_worst
+    label = label_of(side_name(cell, side))
+    return f"{k} diverged seed{'s' * (k > 1)} of {label} counted at {loss:.3f} (the comparison's worst finished loss)"
 
 
 def claims_frame(claims: Claims):
-    """One row per ordering cell (pandas): both sides' means, intervals and n, the effect and its interval, the raw
-    and Holm-adjusted p-values, the verdict and the noise floor. claims.csv of a report; `ablate.results.claims`."""
+    """One row per claim cell (pandas): both sides' means, intervals and n with what each left out, the effect and
+    its interval, the one-sided p in the claim's direction, the two-sided p the verdict reads and its Holm
+    adjustment, the verdict and the noise floor. claims.csv of a report; `ablate.results.claims`."""
     import json
 
     import pandas as pd
@@ -154,10 +222,12 @@ def claims_frame(claims: Claims):
         side = {}
         for name in ("better", "worse"):
             e = getattr(c, name) if c is not None else None
-            side[name] = (json.dumps(getattr(cell.ordering, name), sort_keys=True),
-                          *((e.mean, e.low, e.high, e.n) if e is not None else (None, None, None, 0)))
+            seeds = getattr(cell, name)
+            side[name] = (json.dumps(side_name(cell, name), sort_keys=True, default=str),
+                          *((e.mean, e.low, e.high, e.n) if e is not None else (None, None, None, seeds.n)),
+                          seeds.said())
         rows.append((cell.ordering.claim, json.dumps(cell.where, sort_keys=True, default=str), *side["better"],
                      *side["worse"], c.effect if c else None, c.low if c else None, c.high if c else None,
-                     c.p if c else None, cell.p_adjusted, cell.p_against_adjusted, claims.tests, cell.verdict,
-                     cell.floor, cell.below_floor, cell.left_out))
+                     c.p if c else None, cell.test.p_two_sided if cell.test else None, cell.p_adjusted,
+                     claims.tests, cell.verdict, worst_text(cell), cell.floor, cell.below_floor))
     return pd.DataFrame.from_records(rows, columns=list(CLAIM_COLUMNS))

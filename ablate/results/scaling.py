@@ -29,6 +29,7 @@ from ablate.config.units import short_count
 
 EXTRAPOLATE = 1.0  # predict() accepts x in [low / EXTRAPOLATE, high * EXTRAPOLATE] of the fitted sizes
 ALPHA_MAX = 5.0  # alpha's upper bound: a fit that runs to it has found a cliff, not a power law
+E_BOUND = 1e-6  # an E under this share of the lowest fitted loss sits at its lower bound 0
 _ALPHA_MIN = 1e-3  # below this the curve is flat over any range a sweep covers: "alpha is not positive"
 _GRID = np.geomspace(0.02, ALPHA_MAX, 48)  # starting exponents tried for the point estimate
 _MIN_SUCCESS = 0.5  # the share of bootstrap resamples that must refit for the intervals to be reported
@@ -55,6 +56,20 @@ class Fit:
     bootstrap: int  # resamples that refitted (0: no intervals)
     note: str = ""  # why there are no intervals although the fit converged
 
+    @property
+    def E_at_bound(self) -> bool:
+        """E ran to its lower bound 0: the sizes fitted do not locate an irreducible loss (1.15e-11 is not a
+        number to print)."""
+        if self.E is None or self.x_range is None:
+            return False
+        return self.E <= E_BOUND * float(_curve(self, np.asarray(self.x_range[1], dtype=float)))
+
+    def _E_interval(self) -> str:
+        """E's interval; a low end at the bound 0 is written as the bound (2.01e-18 is the optimiser's, not data's)."""
+        low, high = self.E_ci
+        floor = E_BOUND * float(_curve(self, np.asarray(self.x_range[1], dtype=float)))
+        return f"[0 (its bound), {_num(high)}]" if low <= floor else _ci(self.E_ci)
+
     def predict(self, x: Any) -> Any:
         """The fitted loss at x (a number or an array); a ValueError for any x outside the fitted range."""
         if not self.converged:
@@ -76,11 +91,16 @@ class Fit:
             return f"no fit: {self.reason}"
         s = _SYMBOLS.get(unit.lower(), unit)
         law = f"L({s}) = {_num(self.E)} + {_num(self.A)}·{s}^-{_num(self.alpha)}"
+        e_text = ("E at its lower bound 0 (these sizes locate no irreducible loss: no E is claimed, and α is a pure "
+                  "power law's)" if self.E_at_bound else None)
+        if self.E_at_bound:
+            law = f"L({s}) = {_num(self.A)}·{s}^-{_num(self.alpha)}"
         if self.bootstrap:
-            values = (f"α = {_num(self.alpha)} {_ci(self.alpha_ci)}, E = {_num(self.E)} {_ci(self.E_ci)}")
+            values = (f"α = {_num(self.alpha)} {_ci(self.alpha_ci)}, "
+                      + (e_text or f"E = {_num(self.E)} {self._E_interval()}"))
             how = f"95% bootstrap, {self.bootstrap} resamples"
         else:
-            values = f"α = {_num(self.alpha)}, E = {_num(self.E)}"
+            values = f"α = {_num(self.alpha)}, " + (e_text or f"E = {_num(self.E)}")
             how = f"no interval: {self.note}" if self.note else "no interval"
         reach = "not extrapolated" if EXTRAPOLATE == 1.0 else f"predicted up to ×{EXTRAPOLATE:g} past the data"
         where = f"fitted on {s} from {_size(self.x_range[0])} to {_size(self.x_range[1])}, {self.n_points} points"

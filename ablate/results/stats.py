@@ -2,11 +2,16 @@
 
 - `mean_ci`: a cell's mean over seeds with a 95% Student-t confidence interval and n (no interval from one seed).
 - `welch`: an ordering "better < worse" tested across seeds: the effect (mean of worse − mean of better, in nats;
-  positive where the claim holds) with its Welch confidence interval, and one-sided Welch t-test p-values in the
-  claim's direction and against it. Welch, not a permutation test: with 3 seeds a side a permutation test has
-  20 arrangements, so its smallest one-sided p is 0.05 and no claim could ever pass.
+  positive where the claim holds) with its Welch confidence interval, the one-sided Welch t-test p-values in the
+  claim's direction and against it, and the two-sided p. Welch, not a permutation test: with 3 seeds a side a
+  permutation test has 20 arrangements, so its smallest one-sided p is 0.05 and no claim could ever pass.
 - `holm`: Holm's step-down adjustment of a family of p-values (every comparison in one report).
-- `verdict`: holds / not significant / reversed / untested, from the adjusted p-values.
+- `verdict`: holds / reversed / not significant / no difference / untested, from the two-sided Holm-adjusted p
+  and the effect's sign. Two-sided, because a report can conclude either direction: one-sided tests each way at
+  alpha would give a significant verdict under the null twice as often as alpha (FAMILY_NOTE says so in reports).
+
+Non-finite values (a diverged seed's NaN or inf) never raise: a cell with one has its mean (NaN or inf) and no
+interval, and a comparison with one is untested. The read side leaves such runs out of a cell and says so.
 """
 
 from __future__ import annotations
@@ -18,8 +23,15 @@ from dataclasses import dataclass
 
 LEVEL = 0.95  # confidence of every interval
 ALPHA = 0.05  # significance of every verdict, after Holm's adjustment
+# an effect smaller than this is "no difference", whatever its p: below what a loss logged in float32 and
+# averaged over an eval set resolves (a tie of 1e-9 nats between identical seeds got p = 0 and "holds")
+RESOLUTION = 1e-4  # nats
 
 HOLDS, NOT_SIGNIFICANT, REVERSED, UNTESTED = "holds", "not significant", "reversed", "untested"
+NO_DIFFERENCE = "no difference"
+FAMILY_NOTE = ("two-sided, so that holds and reversed together are wrong at most 5% of the time when there is no "
+               "difference (one-sided tests each way would be wrong 10% of the time); p is the one-sided p in the "
+               "claim's direction, the verdict reads the two-sided p after Holm's adjustment and the effect's sign")
 
 
 @dataclass(frozen=True)
@@ -37,11 +49,13 @@ class Estimate:
     def half_width(self) -> float | None:
         return None if self.high is None else (self.high - self.low) / 2
 
-    def text(self, digits: int = 2) -> str:
-        """'3.71 ± 0.06 (n=3)': ± the half-width of the 95% interval; '3.71 (n=1)' where one seed ran."""
+    def text(self, digits: int = 2, said: str = "") -> str:
+        """'3.71 ± 0.06 (n=3)': ± the half-width of the 95% interval; '3.71 (n=1)' where one seed ran; `said`: what
+        the cell left out, '(n=3; 1 of 4 diverged)'."""
+        n = f"(n={self.n}; {said})" if said else f"(n={self.n})"
         if self.half_width is None:
-            return f"{self.mean:.{digits}f} (n={self.n})"
-        return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f} (n={self.n})"
+            return f"{self.mean:.{digits}f} {n}"
+        return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f} {n}"
 
 
 def t_quantile(df: float, level: float = LEVEL) -> float:
@@ -51,11 +65,13 @@ def t_quantile(df: float, level: float = LEVEL) -> float:
 
 
 def mean_ci(values: Sequence[float], level: float = LEVEL) -> Estimate:
-    """The mean of `values` with a two-sided Student-t interval (mean ± t·s/√n); NaNs count as values (a diverged
-    seed makes the cell NaN, as it should)."""
+    """The mean of `values` with a two-sided Student-t interval (mean ± t·s/√n). A NaN or inf counts as a value
+    and makes the mean NaN or inf with no interval (a diverged seed makes the cell so, as it should)."""
     n = len(values)
     if n == 0:
         raise ValueError("mean_ci of no values")
+    if not all(math.isfinite(v) for v in values):
+        return Estimate(mean=float(sum(values)) / n, n=n)  # nan, or ±inf (inf − inf is nan)
     mean = statistics.fmean(values)
     if n == 1:
         return Estimate(mean=mean, n=1)
@@ -68,7 +84,7 @@ def mean_ci(values: Sequence[float], level: float = LEVEL) -> Estimate:
 class Comparison:
     """'better' against 'worse' across seeds. effect = mean(worse) − mean(better): > 0 where the claim holds.
     p: one-sided Welch p-value of the claim's direction; p_against: of the opposite direction. No test (p None)
-    with fewer than 2 seeds on a side."""
+    with fewer than 2 seeds on a side, or a NaN or inf among them."""
 
     better: Estimate
     worse: Estimate
@@ -83,6 +99,10 @@ class Comparison:
     def tested(self) -> bool:
         return self.p is not None
 
+    @property
+    def p_two_sided(self) -> float | None:
+        return None if self.p is None else min(1.0, 2 * min(self.p, self.p_against))
+
 
 def welch(better: Sequence[float], worse: Sequence[float], level: float = LEVEL) -> Comparison:
     """Welch's unequal-variance t-test of mean(better) < mean(worse), one-sided each way, with the interval of the
@@ -91,11 +111,11 @@ def welch(better: Sequence[float], worse: Sequence[float], level: float = LEVEL)
 
     b, w = mean_ci(better, level), mean_ci(worse, level)
     effect = w.mean - b.mean
-    if b.n < 2 or w.n < 2:
+    if b.n < 2 or w.n < 2 or not math.isfinite(effect) or b.std is None or w.std is None:
         return Comparison(better=b, worse=w, effect=effect)
     vb, vw = b.std ** 2 / b.n, w.std ** 2 / w.n
     se = math.sqrt(vb + vw)
-    if se == 0 or not math.isfinite(se):  # identical seeds on both sides (or a NaN): the sign decides
+    if se == 0:  # identical seeds on both sides: the sign decides (a tie under RESOLUTION is no difference)
         p = 0.0 if effect > 0 else 1.0 if effect < 0 else 0.5
         return Comparison(better=b, worse=w, effect=effect, low=effect, high=effect, p=p, p_against=1.0 - p
                           if effect != 0 else 0.5)
@@ -120,15 +140,16 @@ def holm(pvalues: Sequence[float | None]) -> list[float | None]:
     return adjusted
 
 
-def verdict(p_adjusted: float | None, p_against_adjusted: float | None, alpha: float = ALPHA) -> str:
-    """holds: the claim's direction is significant after adjustment; reversed: the opposite direction is;
-    not significant: neither; untested: too few seeds for a test."""
-    if p_adjusted is None:
+def verdict(p_adjusted: float | None, effect: float | None, alpha: float = ALPHA) -> str:
+    """From the two-sided p after Holm's adjustment and the effect (worse − better): holds (significant, the claim's
+    direction), reversed (significant, the other), not significant, no difference (|effect| < RESOLUTION),
+    untested (too few seeds, or a non-finite loss, for a test)."""
+    if p_adjusted is None or effect is None or not math.isfinite(effect):
         return UNTESTED
+    if abs(effect) < RESOLUTION:
+        return NO_DIFFERENCE
     if p_adjusted < alpha:
-        return HOLDS
-    if p_against_adjusted is not None and p_against_adjusted < alpha:
-        return REVERSED
+        return HOLDS if effect > 0 else REVERSED
     return NOT_SIGNIFICANT
 
 

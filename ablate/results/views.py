@@ -1,6 +1,7 @@
 """Runs as the read side sees them: each run's row, its axes (options flattened with defaults) and the published
 numbers it is compared with, loaded from the results database. The report, `ablate.results` and the statistics
-(orderings.py) all read runs through `load_views`."""
+(orderings.py) all read runs through `load_views`; its axes hold every field that differs between the sweep's
+trials (cells.py: a cell is one configuration)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from ablate import store
 from ablate.config import Reference, SweepSpec, TrialConfig
 from ablate.config.errors import AblateError
 from ablate.config.sweep import _same
+from ablate.config.trial import fields_that_differ
+from ablate.results.cells import check_seeds
 
 
 @dataclass
@@ -43,7 +46,18 @@ def load_views(engine: sa.Engine, sweep: str) -> tuple[SweepSpec, list[RunView]]
         matching = [ref for ref in spec.reference if ref.matches(trial)]
         ref = max(matching, key=lambda x: len(x.match)) if matching else None
         views.append(RunView(row=r, axes=trial.axes(), reference=ref, trial=trial, sweep=sweep))
+    with_every_varying_field(views)
+    check_seeds(views)
     return spec, views
+
+
+def with_every_varying_field(views: list[RunView]) -> None:
+    """Each view's axes, plus every field that differs between the sweep's frozen configs (weight_decay, warmup,
+    budget.steps after a merge, ...): a cell is then one configuration, whatever the grid varied."""
+    varying, flats = fields_that_differ([v.row.config for v in views], flat=lambda i: views[i].trial.flat())
+    extra = [k for k in varying if not any(k in v.axes for v in views)]
+    for v, flat in zip(views, flats):
+        v.axes.update({k: flat.get(k) for k in extra})
 
 
 def _matches(view: RunView, where: dict[str, Any]) -> bool:

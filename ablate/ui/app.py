@@ -297,10 +297,10 @@ def _groups(rows: list[dict[str, Any]], group: str, columns: list[str]) -> dict[
 
 
 def _study(engine: sa.Engine, sweep: str) -> dict[str, Any]:
-    """The report's comparison tables and its orderings' verdict lines, by the report's own code."""
+    """The report's comparison tables and its claims table, by the report's own code."""
     from ablate.config.units import parse_at
-    from ablate.report.notes import check_orderings, floor_line
     from ablate.report.tables import layout_tables
+    from ablate.report.verdicts import verdict_table
     from ablate.results.equal import read_runs_at
     from ablate.results.orderings import check_claims
     from ablate.results.views import load_views
@@ -308,14 +308,16 @@ def _study(engine: sa.Engine, sweep: str) -> dict[str, Any]:
     spec, views = load_views(engine, sweep)
     views = read_runs_at(engine, views, parse_at(spec.report.at))
     claims = check_claims(spec, views)
-    lines = check_orderings(spec, views, claims) if spec.report.orderings else []
-    floor = floor_line(claims)
+    table = verdict_table(spec, claims)
     verdicts: dict[str, int] = {}
     for c in claims.cells:
         verdicts[c.verdict] = verdicts.get(c.verdict, 0) + 1
     return {"tables": [{"title": t.title, "columns": t.columns, "rows": [[label, *cells] for label, cells in t.rows],
                         "notes": t.notes} for t in layout_tables(spec, views)],
-            "claims": lines + ([floor] if floor else []), "verdicts": verdicts,
+            "claims": None if table is None else {"head": list(table.head), "rows": table.rows,
+                                                  "statements": table.statements, "method": table.method,
+                                                  "floor": table.floor},
+            "verdicts": verdicts,
             "read_at": store.utcnow().isoformat(" ", "seconds") + " UTC"}
 
 

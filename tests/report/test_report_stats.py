@@ -48,12 +48,15 @@ def test_a_real_cpu_sweep_with_three_seeds_prints_a_verdict_for_each_ordering(tm
     (cell,) = report.claims.cells
     assert cell.comparison.better.n == 3 and cell.comparison.worse.n == 3 and cell.comparison.tested
     verdict = re.search(r"d_model=32: mixer .* \(n=3\) vs llama .* \(n=3\), effect [+-]\d\.\d{3} nats "
-                        r"\[[+-]\d\.\d{3}, [+-]\d\.\d{3}\], p [=<] \d\.\d{3}.* → (holds|not significant|reversed)",
-                        line)
+                        r"\[[+-]\d\.\d{3}, [+-]\d\.\d{3}\], p [=<] \d\.\d{3} one-sided, p [=<] \d\.\d{3} two-sided "
+                        r"adjusted → (holds|not significant|reversed)", line)
     assert verdict and verdict.group(1) == cell.verdict
     md = (tmp_path / "out" / "report.md").read_text()
-    assert line in md and "Noise floor (seed-to-seed std of test loss" in md
-    assert cell.verdict in (tmp_path / "out" / "report.html").read_text()
+    (row,) = report_rows = [r for r in md.splitlines() if r.startswith("| 1: mixer < llama |")]
+    assert f"| {cell.verdict}" in row and "| d_model=32 |" in row and report_rows
+    assert "Noise floor (seed-to-seed std of test loss" in md and "_Method: Welch's t-test across seeds, two-sided" in md
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "<table class=verdicts>" in html and f"<td>{cell.verdict}" in html
     with (tmp_path / "out" / "claims.csv").open() as f:
         (row,) = list(csv.DictReader(f))
     assert row["verdict"] == cell.verdict and int(row["better_n"]) == 3

@@ -79,10 +79,11 @@ def test_holm_against_its_definition():
     assert any_holm / 1000 < 0.07 < 0.14 < any_raw / 1000
 
 
-def test_verdicts():
-    assert stats.verdict(0.01, 0.99) == stats.HOLDS
-    assert stats.verdict(0.99, 0.01) == stats.REVERSED
-    assert stats.verdict(0.2, 0.8) == stats.NOT_SIGNIFICANT
+def test_verdicts_read_the_two_sided_p_and_the_effects_sign():
+    assert stats.verdict(0.01, 0.2) == stats.HOLDS
+    assert stats.verdict(0.01, -0.2) == stats.REVERSED
+    assert stats.verdict(0.2, 0.2) == stats.NOT_SIGNIFICANT
+    assert stats.verdict(0.0, 1e-9) == stats.NO_DIFFERENCE  # below the resolution floor, whatever its p
     assert stats.verdict(None, None) == stats.UNTESTED
 
 
@@ -121,7 +122,7 @@ def test_orderings_get_effects_p_values_adjusted_together_and_verdicts():
     by_d = {c.where["d_model"]: c for c in claims.cells}
     assert [by_d[d].verdict for d in (64, 128, 256, 512)] == ["holds", "not significant", "reversed", "untested"]
     assert claims.tests == 3
-    raw = sorted(by_d[d].comparison.p for d in (64, 128, 256))
+    raw = sorted(by_d[d].comparison.p_two_sided for d in (64, 128, 256))
     assert sorted(by_d[d].p_adjusted for d in (64, 128, 256)) == pytest.approx(
         [min(1, 3 * raw[0]), min(1, max(3 * raw[0], 2 * raw[1])), min(1, max(3 * raw[0], 2 * raw[1], raw[2]))])
     assert by_d[64].comparison.effect == pytest.approx(0.2)
@@ -142,7 +143,8 @@ def test_the_noise_floor_flags_an_effect_smaller_than_the_seed_spread():
 def test_runs_with_too_few_steps_get_no_verdict_and_are_left_out():
     views = _views({("mixer", 64): [2.0, 2.01, 1.99], ("llama", 64): [2.2, 2.21, 2.19]}, steps=20)
     (cell,) = check_claims(_spec(), views).cells
-    assert cell.verdict == TOO_FEW_STEPS and cell.comparison is None and cell.left_out == 6
+    assert cell.verdict == TOO_FEW_STEPS and cell.comparison is None
+    assert cell.better.said() == "3 of 3 under 50 steps" and cell.worse.said() == "3 of 3 under 50 steps"
     (cell,) = check_claims(_spec(min_steps=10), views).cells
     assert cell.verdict == "holds"
     assert noise_floor(views, min_steps=100) == {}

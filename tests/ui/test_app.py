@@ -93,15 +93,16 @@ def test_the_change_token_moves_when_a_trainer_flushes_and_the_rows_follow(clien
     assert page["token"] != before and page["rows"][0]["steps"] == 402
 
 
-def test_the_study_is_the_reports_own_tables_and_verdict_lines(client, ui_db, tmp_path):
+def test_the_study_is_the_reports_own_tables_and_claims_table(client, ui_db, tmp_path):
     from ablate.report import build_report
 
     study = client.get("/api/study", params={"sweep": "widths"}).json()
     report = build_report("widths", ui_db["url"], tmp_path / "out", formats=("md",))
     text = (tmp_path / "out" / "report.md").read_text()
-    for line in study["claims"]:
-        assert line in text
-    assert any("Verdicts:" in line for line in study["claims"])
+    assert study["claims"]["rows"]
+    for row in study["claims"]["rows"]:
+        assert "| " + " | ".join(row) + " |" in text
+    assert study["claims"]["method"] in text
     assert [t["title"] for t in study["tables"]] == [t.title for t in report.tables]
     assert study["tables"][0]["rows"][1] == ["Test", *report.tables[0].rows[1][1]]
 
@@ -198,7 +199,7 @@ def test_the_dashboard_reads_a_postgres_results_db_too(postgres_url, tmp_path):
     write_curve(store.connect(postgres_url), run.id, run.architecture, run.d_model, run.seed, range(202, 205, 2))
     after = client.get("/api/token", params={"sweep": "widths"}).json()
     assert after["token"] != before["token"] and after["finished"] == before["finished"]
-    assert any("Verdicts:" in line for line in client.get("/api/study", params={"sweep": "widths"}).json()["claims"])
+    assert client.get("/api/study", params={"sweep": "widths"}).json()["claims"]["rows"]
     assert HOSTILE not in client.get("/sweep", params={"name": db["hostile"]}).text
     assert client.post("/api/runs?sweep=widths").status_code == 405
     with pytest.raises(Exception, match="read-only"):

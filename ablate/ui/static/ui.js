@@ -204,9 +204,25 @@ async function sweepPage() {
       box.appendChild(table);
       for (const n of t.notes) box.appendChild(el("p", n, {class: "hint"}));
     }
-    for (const line of data.claims) box.appendChild(el("p", line, {class: "claim"}));
+    const claims = data.claims;
+    if (claims) {
+      box.appendChild(el("h3", "Claims against the study"));
+      for (const line of claims.statements) box.appendChild(el("p", line, {class: "claim"}));
+      const table = el("table", null, {class: "grid study verdicts"});
+      const head = el("tr");
+      for (const c of claims.head) head.appendChild(el("th", c));
+      table.appendChild(head);
+      for (const r of claims.rows) {
+        const tr = el("tr");
+        r.forEach((cell, i) => tr.appendChild(el("td", cell, i === 7 ? {class: "verdict " + cell.split(" (")[0].replace(/ /g, "-")} : undefined)));
+        table.appendChild(tr);
+      }
+      box.appendChild(table);
+      box.appendChild(el("p", "Method: " + claims.method + ".", {class: "hint"}));
+      if (claims.floor) box.appendChild(el("p", claims.floor, {class: "hint"}));
+    }
     box.appendChild(el("p", "read " + data.read_at + " (again when runs finish, at most every 30 s)", {class: "hint"}));
-    if (!data.tables.length && !data.claims.length) box.appendChild(el("p", "no comparison tables in this sweep's report block", {class: "hint"}));
+    if (!data.tables.length && !claims) box.appendChild(el("p", "no comparison tables in this sweep's report block", {class: "hint"}));
   }
 
   async function refresh(all) {

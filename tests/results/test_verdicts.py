@@ -1,0 +1,239 @@
+"""Verdicts on results DBs with known answers: a cell is one configuration (every field the grid varies splits it),
+every run left out is said, diverged seeds cannot flatter a side, `--at` holds runs to min_steps at the budget
+read, the verdicts' family-wise error over both directions by simulation, ties, NaN, and the report's one floor."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import yaml
+from scipy import stats as sps
+
+from ablate import results, runner, store
+from ablate.config import SweepSpec
+from ablate.config.errors import AblateError
+from ablate.report.notes import check_orderings
+from ablate.report.tables import layout_tables
+from ablate.results import stats
+from ablate.results.equal import BEFORE_FIRST, At, read_at
+from ablate.results.orderings import TOO_FEW_STEPS, check_claims
+from ablate.results.views import RunView, load_views
+
+ORDERING = {"claim": "mixer beats llama", "better": {"architecture": "mixer"}, "worse": {"architecture": "llama"},
+            "at": ["d_model"]}
+
+
+def _register(tmp_path, url, grid, name="v") -> tuple[list[int], object]:
+    spec = {"name": name, "dataset": {"source": "ablate:tinystories", "eval": {"holdout": 200}},
+            "tokenizer": {"vocab_size": 1024}, "budget": {"steps": 100, "hardware": "cpu"},
+            "defaults": {"layers": 1, "context": 64, "batch_size": 4, "lr": 1e-3, "d_model": 32},
+            "grid": grid, "report": {"orderings": [ORDERING], "min_steps": 10}}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    _, _, ids = runner.register(path, url)
+    return ids, store.connect(url)
+
+
+def _finish(engine, rid, loss, status="completed", steps=100):
+    store.update_run(engine, rid, status=status, steps=steps, final_eval_loss=loss, final_train_loss=loss)
+
+
+def test_a_grid_varying_weight_decay_gets_one_cell_per_configuration_not_n4(tmp_path, any_url):
+    ids, engine = _register(tmp_path, any_url, [
+        {"architecture": "mixer", "weight_decay": [0.0, 0.1], "seeds": 2},
+        {"architecture": "llama", "heads": 4, "weight_decay": [0.0, 0.1], "seeds": 2}])
+    truth = {("mixer", 0.0): 2.00, ("mixer", 0.1): 2.50, ("llama", 0.0): 2.10, ("llama", 0.1): 2.60}
+    for rid in ids:
+        run = store.get_run(engine, rid)
+        wd = run.config["weight_decay"]
+        _finish(engine, rid, truth[(run.architecture, wd)] + 0.01 * run.seed)
+    spec, views = load_views(store.reader(any_url), "v")
+    assert {v.axes["weight_decay"] for v in views} == {0.0, 0.1}  # derived from the frozen configs
+    claims = check_claims(spec, views)
+    assert [c.where for c in claims.cells] == [{"d_model": 32, "weight_decay": 0.0}, {"d_model": 32, "weight_decay": 0.1}]
+    for cell in claims.cells:
+        assert cell.comparison.better.n == 2 and cell.comparison.worse.n == 2  # seeds 0 and 1, once each
+        assert cell.comparison.effect == pytest.approx(0.10)
+    true_spread = np.std([0.0, 0.01], ddof=1)
+    assert claims.floor["mixer"][0] == pytest.approx(true_spread) and claims.floor["mixer"][1] == 2
+    tables = layout_tables(spec, views)
+    assert sorted(c for t in tables for c in t.columns) == sorted(
+        f"d={32} (weight_decay={wd})" for wd in (0.0, 0.1) for _ in (0, 1))
+    assert len(results.claims("v", any_url)) == 2
+    assert sorted(results.runs("v", any_url)["weight_decay"]) == [0.0] * 4 + [0.1] * 4  # a column in notebooks too
+    from ablate.results import live
+
+    rows = live.run_rows(store.reader(any_url), views[0].row.sweep_id)  # and in the dashboard's runs table
+    assert sorted(r["weight_decay"] for r in rows) == [0.0] * 4 + [0.1] * 4 and "budget.steps" not in rows[0]
+    assert "d_model=32, weight_decay=0.1: mixer 2.50" in check_orderings(spec, views, claims)[0]
+
+
+def test_two_runs_of_one_configuration_with_one_seed_are_refused_naming_both(tmp_path, sqlite_url):
+    # kernel 1 is the mixer's default: written out, it is a new fingerprint but the same configuration
+    ids, engine = _register(tmp_path, sqlite_url, [{"architecture": "mixer"},
+                                                   {"architecture": "mixer", "options": {"kernel": 1}},
+                                                   {"architecture": "llama", "heads": 4}])
+    assert len(ids) == 3
+    for rid in ids:
+        _finish(engine, rid, 2.0)
+    with pytest.raises(AblateError, match=rf"runs {ids[0]} and {ids[1]} of sweep v are one configuration with one "
+                                          r"seed \(0\), written differently \(options\)"):
+        load_views(store.reader(sqlite_url), "v")
+
+
+def _synthetic(cells: dict[tuple[str, int], list[tuple[str, float | None]]]) -> list[RunView]:
+    views = []
+    for (arch, d), runs in cells.items():
+        for seed, (status, loss) in enumerate(runs):
+            row = SimpleNamespace(id=len(views) + 1, status=status, final_eval_loss=loss, final_train_loss=loss, steps=200,
+                                  flops_per_token=1.0, epochs=None, train_seconds=None, notes=None)
+            views.append(RunView(row=row, axes={"architecture": arch, "d_model": d, "seed": seed}, reference=None))
+    return views
+
+
+def _spec(**report) -> SweepSpec:
+    return SweepSpec.model_validate({"name": "s", "dataset": {"source": "ablate:tinystories"},
+                                     "budget": {"steps": 100, "hardware": "cpu"},
+                                     "report": {"orderings": [ORDERING], **report}})
+
+
+def test_a_diverged_seed_is_said_and_cannot_flatter_the_better_side():
+    mixer = [("completed", 2.00), ("completed", 2.02), ("completed", 2.04), ("diverged", None)]
+    llama = [("completed", x) for x in (2.07, 2.08, 2.09, 2.08)]
+    views = _synthetic({("mixer", 64): mixer, ("llama", 64): llama})
+    (cell,) = check_claims(_spec(), views).cells
+    assert cell.better.said() == "1 of 4 diverged" and cell.worse.said() == ""
+    finished = stats.welch([2.00, 2.02, 2.04], [2.07, 2.08, 2.09, 2.08])
+    assert finished.p_two_sided < 0.05  # the three that finished alone would hold
+    counted = stats.welch([2.00, 2.02, 2.04, 2.09], [2.07, 2.08, 2.09, 2.08])  # at the worst finished loss
+    assert cell.p_adjusted == pytest.approx(counted.p_two_sided) and cell.verdict == stats.NOT_SIGNIFICANT
+    assert cell.counted_worst == ("better", 1, 2.09)
+    (line,) = check_orderings(_spec(), views)
+    assert "mixer 2.02 ± 0.05 (n=3; 1 of 4 diverged)" in line
+    assert "1 diverged seed of mixer counted at 2.090 (the comparison's worst finished loss)" in line
+    # a diverged seed on the worse side cannot flatter a claim that holds: left out, said, not counted
+    views = _synthetic({("mixer", 64): [("completed", x) for x in (2.00, 2.01, 2.02)],
+                        ("llama", 64): llama[:3] + [("completed", math.nan)]})  # a NaN final loss is divergence
+    (cell,) = check_claims(_spec(), views).cells
+    assert cell.verdict == stats.HOLDS and cell.counted_worst is None and cell.worse.said() == "1 of 4 diverged"
+
+
+def test_every_kind_of_run_left_out_is_said():
+    views = _synthetic({("mixer", 64): [("completed", 2.0), ("completed", 2.01), ("oom", None), ("running", None)],
+                        ("llama", 64): [("completed", 2.2), ("completed", 2.21), ("pending", None)]})
+    (cell,) = check_claims(_spec(), views).cells
+    assert cell.better.said() == "1 of 4 oom, 1 of 4 running" and cell.worse.said() == "1 of 3 pending"
+    table = layout_tables(_spec(tables=[{"group_by": ["architecture"], "columns": "d_model"}]), views)
+    test_cells = [dict(t.rows)["Test"][0] for t in table]
+    assert any("(n=2; 1 of 4 oom, 1 of 4 running)" in c for c in test_cells)
+
+
+def _curves(views, first_step=10, last_step=200):
+    steps = np.arange(first_step, last_step + 1, 10, dtype=float)
+    out = {}
+    for v in views:
+        final = v.row.final_eval_loss
+        loss = final + 1.0 / steps  # falling to its final loss
+        out[(v.row.id, "eval")] = np.column_stack([steps, steps * 100, steps, loss])
+    return out
+
+
+def test_under_at_min_steps_holds_at_the_budget_read_and_no_cell_vanishes():
+    views = _synthetic({("mixer", 64): [("completed", x) for x in (2.00, 2.01, 2.02)],
+                        ("llama", 64): [("completed", x) for x in (2.20, 2.21, 2.22)]})
+    spec = _spec(min_steps=50)
+    (cell,) = check_claims(spec, read_at(views, At("steps", 20), _curves(views))).cells
+    assert cell.verdict == TOO_FEW_STEPS and cell.better.said() == "3 of 3 under 50 steps"  # 20 < 50, not 200
+    (cell,) = check_claims(spec, read_at(views, At("steps", 100), _curves(views))).cells
+    assert cell.verdict == stats.HOLDS
+    (cell,) = check_claims(spec, read_at(views, At("steps", 20), _curves(views, first_step=40))).cells
+    assert cell.verdict == BEFORE_FIRST and cell.better.said() == "3 of 3 before 1st eval"
+    (line,) = check_orderings(spec, read_at(views, At("steps", 20), _curves(views, first_step=40)))
+    assert "d_model=64: mixer (n=0; 3 of 3 before 1st eval)" in line
+
+
+def _simulate(m: int, effect: float, n: int, draws: int, rng) -> tuple[float, float]:
+    """P(any verdict holds or reversed) over `draws` reports of m comparisons, and P(holds) of the first."""
+    any_verdict = first_holds = 0
+    for _ in range(draws):
+        comparisons = [stats.welch(rng.normal(0, 1, n), rng.normal(effect, 1, n)) for _ in range(m)]
+        adjusted = stats.holm([c.p_two_sided for c in comparisons])
+        verdicts = [stats.verdict(p, c.effect) for p, c in zip(adjusted, comparisons)]
+        any_verdict += any(v in (stats.HOLDS, stats.REVERSED) for v in verdicts)
+        first_holds += verdicts[0] == stats.HOLDS
+    return any_verdict / draws, first_holds / draws
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_under_the_null_holds_or_reversed_comes_at_most_5_percent_of_the_time(m):
+    rate, _ = _simulate(m, 0.0, 4, 2000, np.random.default_rng(m))
+    assert rate <= 0.05 + 2.5 * math.sqrt(0.05 * 0.95 / 2000)  # one-sided tests each way gave 10% at m = 1
+
+
+def test_the_power_at_a_known_effect_is_the_two_sided_t_tests():
+    n, effect = 5, 2.0
+    _, power = _simulate(1, effect, n, 2000, np.random.default_rng(7))
+    df, nc = 2 * n - 2, effect / math.sqrt(2 / n)
+    crit = sps.t.ppf(0.975, df)
+    expected = sps.nct.sf(crit, df, nc) + sps.nct.cdf(-crit, df, nc)  # 0.79 (Welch's df is a little lower)
+    assert expected - 0.05 <= power <= expected + 0.02
+
+
+def test_a_tie_below_the_resolution_is_no_difference_and_nan_never_raises():
+    c = stats.welch([2.0] * 3, [2.0 + 1e-9] * 3)
+    assert c.p == 0.0 and stats.verdict(stats.holm([c.p_two_sided])[0], c.effect) == stats.NO_DIFFERENCE
+    e = stats.mean_ci([1.0, math.nan, 2.0])
+    assert math.isnan(e.mean) and e.low is None and e.n == 3
+    assert stats.mean_ci([1.0, math.inf]).mean == math.inf
+    assert not stats.welch([1.0, math.inf, 2.0], [3.0, 3.1, 3.2]).tested
+    assert stats.verdict(None, math.nan) == stats.UNTESTED
+
+
+def test_the_report_prints_one_noise_floor_per_architecture():
+    views = _synthetic({("mixer", 64): [("completed", x) for x in (2.00, 2.02, 2.04)],
+                        ("llama", 64): [("completed", x) for x in (2.20, 2.21, 2.22)],
+                        ("mixer", 128): [("completed", x) for x in (1.90, 1.95, 2.00)]})
+    for v in views[:3]:
+        v.row.steps = 5  # short runs: the floor of the claims leaves them out, and so must the tables'
+    spec = _spec(min_steps=10, tables=[{"group_by": [], "columns": "d_model"}])
+    claims = check_claims(spec, views)
+    (table,) = layout_tables(spec, views)
+    (note,) = [n for n in table.notes if n.startswith("Noise floor")]
+    assert f"mixer {claims.floor['mixer'][0]:.3f}" in note and f"{np.std([1.90, 1.95, 2.00], ddof=1):.3f}" in note
+
+
+def test_e_at_its_bound_is_flagged_not_printed_as_a_number():
+    from ablate.results.scaling import fit_power_law
+
+    x = np.array([1e5, 2e5, 4e5, 8e5] * 3)
+    fit = fit_power_law(x, 30 * x ** -0.3 + np.repeat([0.0, 0.01, -0.01], 4), np.repeat([0, 1, 2], 4))
+    assert fit.E_at_bound and "E at its lower bound 0" in fit.text() and "E = " not in fit.text()
+    fit = fit_power_law(x, 1.5 + 30 * x ** -0.3 + np.repeat([0.0, 0.01, -0.01], 4), np.repeat([0, 1, 2], 4))
+    assert not fit.E_at_bound and "E = 1.5" in fit.text()
+
+
+def test_scaling_fits_one_law_per_configuration_and_keeps_an_lr_that_changes_with_size():
+    from ablate.results.laws import fit_laws
+
+    views = []
+    for arch, base in (("mixer", 1.5), ("llama", 1.4)):
+        for d, params in ((32, 1e5), (64, 4e5), (128, 1.6e6)):
+            for wd in (0.0, 0.1):
+                for seed in (0, 1):
+                    loss = base + 0.5 * wd + 30 * params ** -0.3 + 0.01 * seed
+                    row = SimpleNamespace(id=len(views) + 1, status="completed", final_eval_loss=loss, steps=200,
+                                          params=params, tokens=None, flops_per_token=None)
+                    axes = {"architecture": arch, "d_model": d, "seed": seed, "weight_decay": wd, "lr": 1e-3 / d}
+                    views.append(RunView(row=row, axes=axes, reference=None))
+    laws = fit_laws(views, bootstrap=50)
+    assert sorted(law.architecture for law in laws.laws) == [
+        "llama (weight_decay=0.0)", "llama (weight_decay=0.1)", "mixer (weight_decay=0.0)", "mixer (weight_decay=0.1)"]
+    assert all(law.pooled == ["lr"] for law in laws.laws)  # lr changes only with size: part of the size
+    for law in laws.laws:
+        assert law.fits["params"].E == pytest.approx(1.4 + (0.1 if "mixer" in law.architecture else 0)
+                                                     + 0.5 * law.where["weight_decay"] + 0.005, abs=1e-3)
+    assert sorted((a, b) for _, a, b, _ in laws.crossovers) == [
+        ("llama (weight_decay=0.0)", "mixer (weight_decay=0.0)"), ("llama (weight_decay=0.1)", "mixer (weight_decay=0.1)")]
