@@ -15,7 +15,8 @@ What a cluster does to trials, and what happens here (every `POLL_SECONDS`):
   `cancelled` (their trainers checkpoint and stop within a heartbeat), by this process as it is stopped and
   again by the sweep flow's `on_cancellation` hook, which Prefect runs in the worker after it has killed
   this process (so a flow process that was stuck, or killed before it could, cancels its sweep all the same:
-  the flow run carries the sweep's name and database as labels);
+  the flow run carries the sweep's name and database as labels); after a server restart long enough that
+  Prefect's cancellation observer gave up, this process finds itself Cancelling and does it (CANCEL_CHECK_SECONDS);
 - the Prefect API unreachable (a server restart): every call is retried with backoff for up to
   `API_OUTAGE_SECONDS` while the trainers go on (the log says when it went away and when it is back; the pool's
   workers are checked again only WORKER_CHECK_SECONDS later, once they have beaten); a trial flow run whose
@@ -45,6 +46,8 @@ SETTLED = ("pending", "preempted", "running")  # row statuses that are not an ou
 WORKER_CHECK_SECONDS = 60.0  # how often a sweep whose trials wait re-checks that their pool has a live worker
 API_BACK_AT = float("-inf")  # when the Prefect API last came back after an outage (time.monotonic)
 MAX_DISPATCHES = 5  # flow runs per run within one sweep flow run (each resumes the last one's checkpoint)
+CANCEL_CHECK_SECONDS = 5.0  # how often the sweep flow asks whether it is being cancelled (see _stop_if_cancelled)
+CANCEL_SEEN = False  # this flow run found itself Cancelling without Prefect having stopped it
 
 
 class Dispatched:
@@ -99,9 +102,13 @@ def dispatch_to_pool(hardware: str, todo: list[int], opts: runner.LaunchOptions,
             log.info("%d runs still training under an earlier sweep flow run: watched, not dispatched again",
                      len(attach))
         next_worker_check = time.monotonic() + WORKER_CHECK_SECONDS
+        next_cancel_check = time.monotonic() + CANCEL_CHECK_SECONDS
         try:
             while live:
                 time.sleep(POLL_SECONDS)
+                if time.monotonic() >= next_cancel_check:
+                    next_cancel_check = time.monotonic() + CANCEL_CHECK_SECONDS
+                    ride_out(lambda: _stop_if_cancelled(client, engine, live, log), log, "looking for a cancel")
                 waiting = ride_out(lambda: _watch_once(client, engine, live, done, submit, hardware, log), log,
                                    "watching the trials")
                 # workers beat again only some seconds after the API is back: none looks live until then
@@ -282,15 +289,32 @@ def _cancel_flow_run(client: Any, flow_run_id: Any, state: Any) -> None:
     client.set_flow_run_state(flow_run_id, new, force=True)
 
 
-def _cancelled_in_prefect(client: Any) -> bool:
-    """Whether this (sweep) flow run is being cancelled in Prefect."""
+def _cancelling(client: Any) -> bool:
+    """Whether this (sweep) flow run is being cancelled in Prefect; an unreachable API raises (for ride_out)."""
     from prefect.runtime import flow_run
 
-    try:
-        state = client.read_flow_run(flow_run.id).state
-    except Exception:  # noqa: BLE001 - no API to ask: do not guess that the user cancelled
-        return False
+    state = client.read_flow_run(flow_run.id).state
     return state is not None and (state.is_cancelling() or state.is_cancelled())
+
+
+def _cancelled_in_prefect(client: Any) -> bool:
+    """`_cancelling`, False where there is no API to ask (on the way out: do not guess that the user cancelled)."""
+    try:
+        return _cancelling(client)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _stop_if_cancelled(client: Any, engine: sa.Engine, live: dict[int, Any], log: Any) -> None:
+    """Cancel the trials of a sweep flow run that is being cancelled in Prefect but still runs: the process
+    worker's cancellation observer gives up for good after about 30 s without an API (its poller's third failed
+    look), so after a longer server restart Prefect would never stop this process nor reach the trainers."""
+    global CANCEL_SEEN
+    if CANCEL_SEEN or not _cancelling(client):
+        return
+    log.warning("this sweep flow run is being cancelled in Prefect and was not stopped: cancelling its trials here")
+    cancel_trials(client, engine, live, log)
+    CANCEL_SEEN = True
 
 
 def end_cancelled(message: str, wait_seconds: float = 120.0) -> None:
@@ -304,6 +328,8 @@ def end_cancelled(message: str, wait_seconds: float = 120.0) -> None:
 
     if deployment.id is None:
         return
+    if CANCEL_SEEN:  # cancelled in Prefect, and nothing stopped this process then: nothing will now
+        wait_seconds = min(wait_seconds, 10.0)
     try:
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(flow_run.id, Cancelling(message=message), force=True)
