@@ -33,7 +33,7 @@ GOALS = {  # issue 16: what each measurement must stay under at 10,000 runs x 20
     **{name: "< 2 s at 100k runs" for name in ("sql: runs by final eval loss", "sql: run_results of the sweep",
                                               "sql: best_runs", "sql: eval_curve at 0.5")},
 }
-# the README's queries over runs and its views (the sweep named as the bench's), each exported whole as a user
+# the documented queries (docs/database.md) over runs and its views (the sweep named as the bench's), each exported whole as a user
 # who wants every row would (`--max-rows 0 --format csv`); issue 27: each under 2 s at 100,000 runs on PostgreSQL
 README_QUERIES = {
     "sql: runs by final eval loss": "SELECT architecture, d_model, heads, final_train_loss, final_eval_loss FROM runs "
@@ -169,7 +169,7 @@ def bench_backend(backend: str, runs: int, points: int, work: Path, keep: bool =
 
 
 def measure_commands(url: str, work: Path) -> dict[str, dict]:
-    """The user commands on a filled bench database: status, the README's queries, the report."""
+    """The user commands on a filled bench database: status, the documented queries, the report."""
     out = {"sweep status (table)": measure("cli", "sweep", "status", "bench-db", "--db", url, "--format", "table",
                                            cwd=work),
            "sweep status (csv, every run)": measure("cli", "sweep", "status", "bench-db", "--db", url, cwd=work)}

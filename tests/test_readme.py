@@ -1,4 +1,4 @@
-"""The README's two commands are what CI runs, and the sweep files it names exist."""
+"""The README's two commands are what CI runs; the README and the docs pages it links name files that exist."""
 
 from __future__ import annotations
 
@@ -24,10 +24,27 @@ def test_ci_runs_the_readme_main_job_and_test_command():
     assert 'pip install -q -e ".[prefect]"' in ci  # the orchestrator is an extra: command 1 needs it
 
 
-def test_files_the_readme_names_exist():
-    text = (REPO / "README.md").read_text()
-    for path in set(re.findall(r"sweeps/[a-z0-9-]+\.yaml", text)):
-        assert (REPO / path).exists(), path
+DOCS = sorted((REPO / "docs").glob("*.md"))
+
+
+def test_files_the_readme_and_docs_name_exist():
+    for page in [REPO / "README.md", *DOCS]:
+        for path in set(re.findall(r"sweeps/[a-z0-9-]+\.yaml", page.read_text())):
+            assert (REPO / path).exists(), f"{page.name}: {path}"
+
+
+def test_every_docs_page_is_one_click_from_the_readme_and_every_link_resolves():
+    readme = (REPO / "README.md").read_text()
+    linked = set(re.findall(r"\]\((docs/[a-z0-9-]+\.md)\)", readme))
+    assert {f"docs/{page.name}" for page in DOCS} <= linked, "a docs page the README does not link"
+    for page in [REPO / "README.md", *DOCS]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if not target.startswith("http"):
+                assert (page.parent / target).exists(), f"{page.name} links {target}, which does not exist"
+
+
+def test_the_readme_explains_in_under_250_lines():
+    assert len((REPO / "README.md").read_text().splitlines()) < 250
 
 
 def test_nothing_reads_outside_the_repository():

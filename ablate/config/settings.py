@@ -115,6 +115,6 @@ def _parse(environ: dict[str, str]) -> Settings:
 
 
 def describe() -> list[tuple[str, str, str]]:
-    """(variable, default, meaning) for every setting: what the README's table and `ablate --help` list."""
+    """(variable, default, meaning) for every setting: what docs/environment.md's table and `ablate --help` list."""
     return [(variable(name), "" if f.default is None else str(f.default), f.description or "")
             for name, f in Settings.model_fields.items()]

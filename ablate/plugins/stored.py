@@ -101,7 +101,7 @@ def materialise(code: str, exact: bool = False) -> None:
         if kind == "package":
             raise AblateError(f"{name!r} comes from the installed package {identity.removeprefix('package:')}, "
                               f"which is not installed here{_have(entry)}: install that version on every worker "
-                              "(docker-compose: add it to EXTRA_REQUIREMENTS, see the README's 'Your own architecture')")
+                              "(docker-compose: add it to EXTRA_REQUIREMENTS, see docs/plugins.md)")
         if kind == "module":
             top = identity.split(":", 2)[1]
             load_plugin(top)

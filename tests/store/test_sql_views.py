@@ -1,4 +1,4 @@
-"""What users ask of the SQL views, on SQLite and the real PostgreSQL: the README's ORDER BY puts runs without a
+"""What users ask of the SQL views, on SQLite and the real PostgreSQL: docs/database.md's ORDER BY puts runs without a
 loss last, run_results carries error/options/attempts/study/precision/accuracy, eval_curve says which eval.at
 point a row is, csv ends lines with LF, and a mistyped sweep name is an error, not an empty frame."""
 
@@ -33,10 +33,10 @@ def _smoke(url: str) -> list[int]:
     return ids
 
 
-def test_the_readme_order_by_puts_runs_without_a_loss_last(url, capsys):
+def test_the_documented_order_by_puts_runs_without_a_loss_last(url, capsys):
     ids = _smoke(url)
     query = re.search(r'ablate sql "(SELECT architecture.*?ORDER BY final_eval_loss NULLS LAST LIMIT 20)"',
-                      (REPO / "README.md").read_text()).group(1)
+                      (REPO / "docs" / "database.md").read_text()).group(1)
     assert main(["sql", query.replace("FROM runs", "FROM runs WHERE id IS NOT NULL"), "--db", url, "--format", "csv"]) == 0
     lines = capsys.readouterr().out.split("\n")
     losses = [line.rsplit(",", 1)[1] for line in lines[1:] if line]
@@ -83,12 +83,12 @@ def test_a_mistyped_sweep_name_is_an_error_with_a_suggestion(url):
         results.metrics(sweep="smoek", url=url)
 
 
-def test_the_readmes_loss_at_a_point_query_reads_the_eval_point_index(url):
+def test_the_documented_loss_at_a_point_query_reads_the_eval_point_index(url):
     # at 100,000 runs x 200 points it scanned every eval point (5.6 s on PostgreSQL); the index reads its rows
     import sqlalchemy as sa
 
     query = re.search(r"`(SELECT run_id, loss FROM eval_curve WHERE eval_point = 0\.5)`",
-                      (REPO / "README.md").read_text()).group(1)
+                      (REPO / "docs" / "database.md").read_text()).group(1)
     _smoke(url)
     engine = store.connect(url)
     with engine.connect() as conn:

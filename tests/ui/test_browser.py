@@ -46,7 +46,7 @@ def test_the_sweep_page_lists_draws_follows_and_filters_in_a_real_browser(ui_db,
         assert points > 20 and int(chart.get_attribute("data-series")) == 4  # 4 configurations, seeds as bands
         wait_for(lambda: "Method: Welch" in driver.find_element(By.ID, "study").text, what="the study's claims table")
         assert _cell(driver, running, "steps") == "200"
-        if os.environ.get("ABLATE_UI_SCREENSHOT"):  # the README's picture: `ABLATE_UI_SCREENSHOT=docs/ui.png pytest ...`
+        if os.environ.get("ABLATE_UI_SCREENSHOT"):  # the picture in README.md and docs/dashboard.md: `ABLATE_UI_SCREENSHOT=docs/ui.png pytest ...`
             driver.save_screenshot(os.environ["ABLATE_UI_SCREENSHOT"])
         assert float(chart.get_attribute("data-xmax")) == 400  # the other configurations' last eval
 
