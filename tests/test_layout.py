@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -49,12 +48,7 @@ def _graph() -> dict[str, set[str]]:
              if "migrations" not in p.parts]
     names = {_module_name(p): p for p in files}
     known = set(names)
-    # an old import path kept for one release (ablate._moved.alias) is no room of the house: nothing may import it
-    shims = {name for name, path in names.items() if "from ablate._moved import alias" in path.read_text()}
-    graph = {name: _imports(path, name, known) for name, path in names.items() if name not in shims}
-    used = {(name, d) for name, deps in graph.items() for d in deps if d in shims}
-    assert not used, f"modules import deprecated paths: {sorted(used)}"
-    return graph
+    return {name: _imports(path, name, known) for name, path in names.items()}
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -129,25 +123,7 @@ def test_torch_free_layers_never_import_torch(layer):
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("old, name", [("ablate.spec", "TrialConfig"), ("ablate.spec", "_same"),
-                                       ("ablate.errors", "AblateError"), ("ablate.specfile", "read_yaml"),
-                                       ("ablate.tokencache", "cache_intact"), ("ablate.runstate", "Recorder"),
-                                       ("ablate.runstate", "load_checkpoint"), ("ablate.sqlguard", "check"),
-                                       ("ablate.budget", "lr_at")])
-def test_an_old_import_path_still_works_and_says_where_it_went(old, name):
-    code = (f"import warnings; warnings.simplefilter('always')\n"
-            f"with warnings.catch_warnings(record=True) as w:\n"
-            f"    import {old} as m\n"
-            f"    getattr(m, {name!r})\n"
-            f"print(w[0].category.__name__, w[0].message)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("DeprecationWarning ") and "moved to ablate." in out.stdout
-
-
-def test_an_old_import_path_refuses_a_name_that_never_existed():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import ablate.spec as old
-    with pytest.raises(AttributeError, match="moved to"):
-        old.no_such_name  # noqa: B018
+def test_the_old_top_level_paths_are_gone():
+    """The modules that moved into folders kept their old paths for a while; version 0.1.0 was never released
+    with them, so they are gone, and ablate/ holds only its package face at the top."""
+    assert sorted(p.name for p in (ROOT / "ablate").glob("*.py")) == ["__init__.py"]
