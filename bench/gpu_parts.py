@@ -322,7 +322,7 @@ def main() -> int:
     part = Part(args)
     try:
         parts[args.name](part)
-    except BaseException as exc:  # the part's error is a result too; the run goes on with the next part
+    except BaseException as exc:  # noqa: BLE001 - the part's error is a result too; the run goes on with the next
         import traceback
 
         traceback.print_exc()

@@ -34,7 +34,7 @@ def _pg_available() -> bool:
             pass
         engine.dispose()
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure to connect means no server here
         return False
 
 

@@ -34,7 +34,7 @@ def test_bench_all_quick_on_cpu_writes_json_and_markdown(tmp_path):
     tables = [block for block in md.split("\n## ")[1:]]
     assert len(tables) == 3
     for block in tables:
-        lines = [l for l in block.splitlines() if l.startswith("|")]
-        widths = {l.count("|") for l in lines}
+        lines = [ln for ln in block.splitlines() if ln.startswith("|")]
+        widths = {ln.count("|") for ln in lines}
         assert len(lines) >= 3 and len(widths) == 1, block
     assert md in result.stdout

@@ -210,7 +210,7 @@ def _distribution(top: str) -> tuple[str, str] | None:
         return None
     try:
         return names[0], version(names[0])
-    except Exception:
+    except Exception:  # noqa: BLE001 - a broken distribution's metadata: no version to name
         return None
 
 

@@ -48,8 +48,8 @@ ANSWER_SECONDS = 60.0  # a fork is quick: a helper silent this long after a requ
 
 def _preload() -> None:
     """Everything a trainer imports before its first step (measured with -X importtime on a tiny trial)."""
-    import torch  # noqa: F401
-    import torch._dynamo  # noqa: F401  - what torch.optim imports on first use
+    import torch
+    import torch._dynamo  # what torch.optim imports on first use
     import torch.optim  # noqa: F401
 
     # transformers' Llama and GPT classes: their families import them inside build(), so every warm trainer of

@@ -69,7 +69,7 @@ def make_engine(url: str | None = None, read_only: bool = False) -> sa.Engine:
         engine = sa.create_engine(url_obj, connect_args={"timeout": 60}, json_deserializer=_json_loads)
 
         @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn, _record):  # noqa: ANN001
+        def _pragmas(dbapi_conn, _record):
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA busy_timeout=60000")
             if not read_only:

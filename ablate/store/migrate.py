@@ -175,11 +175,11 @@ def _migration_engine(engine: sa.Engine) -> sa.Engine:
     mig = sa.create_engine(engine.url, connect_args={"timeout": 60})
 
     @event.listens_for(mig, "connect")
-    def _manual(dbapi_conn, _record):  # noqa: ANN001
+    def _manual(dbapi_conn, _record):
         dbapi_conn.isolation_level = None  # we say BEGIN ourselves
 
     @event.listens_for(mig, "begin")
-    def _begin(conn):  # noqa: ANN001
+    def _begin(conn):
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return mig

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         if dist_.is_main:
             print(json.dumps({k: v for k, v in outcome.items() if k not in ("notes", "finished_at")}, default=str))
         return 0 if outcome["status"] in ("completed", "oom", "diverged") else 3
-    except Exception as exc:  # recorded on the run row (under our claim), so no run stays `running`
+    except Exception as exc:  # noqa: BLE001 - recorded on the run row (under our claim): no run stays `running`
         if not isinstance(exc, AblateError):
             traceback.print_exception(exc, file=sys.stderr)  # the whole of it in the log; one line on the row
         message = one_line(exc, whole_log())
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 store.update_run(engine, args.run_id, claimant=claimant, status="failed", error=store.redact(message),
                               pid=None, finished_at=store.utcnow())
-            except Exception:  # noqa: BLE001 - the database itself may be the problem (full disk)
+            except Exception:  # noqa: BLE001, S110 - the database itself may be the problem (full disk)
                 pass
         print(f"error: {store.redact(message)}", file=sys.stderr)
         return 2 if isinstance(exc, AblateError) else 1

@@ -53,7 +53,7 @@ def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> 
     state = LoopState(t)
     try:
         ended = loop(t, state, stop)
-    except Exception as exc:  # noqa: BLE001 - recorded, then re-raised for the runner
+    except Exception as exc:  # recorded, then re-raised for the runner
         t.clock.stop()
         t.finalize("failed", one_line(exc, whole_log()))
         raise
@@ -88,7 +88,7 @@ def warm_up(t: Trainer, stop: StopSignal) -> Outcome | None:
                     t.one_step(0.0)
                     check_memory(t.device, t.settings.memory_cap_mb)
                 break
-            except Exception as exc:  # noqa: BLE001 - OOM during warm-up is a result (or a reason to shrink)
+            except Exception as exc:  # OOM during warm-up is a result (or a reason to shrink)
                 if not is_oom(exc):
                     raise
                 if not shrink(t.trial, t.progress, t.optimizer, t.device):
@@ -261,7 +261,7 @@ def train_step(t: Trainer, s: LoopState, f: float) -> Outcome | None:
     try:
         loss_sum, count, n_samples, n_tokens = t.one_step(lr)
         check_memory(t.device, t.settings.memory_cap_mb)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if not is_oom(exc):
             raise
         if shrink(t.trial, p, t.optimizer, t.device):

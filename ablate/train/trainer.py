@@ -264,7 +264,7 @@ class Trainer:
             if device.type == "cpu":
                 peak = max(peak - base, 0.0) or peak
             return self.finalize("completed", peak=peak)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if is_oom(exc):
                 return self.finish_oom(exc)
             raise

@@ -14,7 +14,7 @@ from ablate.config.errors import AblateError, SpecError
 from ablate.config import expand_grid, load_spec, load_trials, parse_spec
 from ablate.config.yamlfile import MAX_SPEC_DEPTH
 
-from tests.config.test_spec import BASE, spec_with  # noqa: E402 - the same minimal valid spec
+from tests.config.test_spec import BASE, spec_with  # the same minimal valid spec
 
 pytestmark = pytest.mark.hardening  # a campaign across the house: `pytest -m hardening`
 

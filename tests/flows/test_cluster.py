@@ -63,7 +63,7 @@ class Cluster:
 
     def start(self, *cmd: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.Popen:
         """A process of the cluster (its output in proc-N.log); `env`: the cluster's environment, else this one."""
-        log = open(self.tmp / f"proc-{len(self.procs)}.log", "w")
+        log = open(self.tmp / f"proc-{len(self.procs)}.log", "w")  # noqa: SIM115 - open as long as the process; closed at teardown
         self.logs.append(log)
         proc = subprocess.Popen(cmd, env=self.env if env is None else env, stdout=log, stderr=subprocess.STDOUT,
                                 cwd=cwd, start_new_session=True)

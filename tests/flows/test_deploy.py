@@ -56,7 +56,7 @@ def test_prefect_deployment_run_sweep_smoke_with_a_local_server_and_workers(tmp_
     logs = []
 
     def start(*cmd: str) -> subprocess.Popen:
-        log = open(tmp_path / f"{len(procs)}.log", "w")
+        log = open(tmp_path / f"{len(procs)}.log", "w")  # noqa: SIM115 - open as long as the process; closed at teardown
         logs.append(log)
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
         procs.append(proc)

@@ -92,8 +92,8 @@ def test_every_run_is_one_line_in_each_panel_of_the_curves(filled):
         run_ids = [r.row.id for col in table.runs for r in col]
         assert "training wall clock (seconds)" in {ax.get_xlabel() for ax in fig.axes}
         for ax in fig.axes:
-            lines = [l for l in ax.get_lines() if l.get_gid()]
-            assert sorted(int(l.get_gid().split("-")[1]) for l in lines) == sorted(run_ids)
+            lines = [ln for ln in ax.get_lines() if ln.get_gid()]
+            assert sorted(int(ln.get_gid().split("-")[1]) for ln in lines) == sorted(run_ids)
             for line in lines:
                 _, rid, split, x = line.get_gid().split("-")
                 with engine.connect() as conn:
@@ -268,8 +268,8 @@ def test_the_report_says_whether_the_published_ordering_holds_computed_from_the_
     for d in (32, 64):
         mixer = [v.row.final_eval_loss for v in views if v.axes["architecture"] == "mixer" and v.axes["d_model"] == d]
         llama = [v.row.final_eval_loss for v in views if v.axes["architecture"] == "llama" and v.axes["d_model"] == d]
-        m, l = stats.mean_ci(mixer), stats.mean_ci(llama)
-        assert f"d_model={d}: mixer {m.text()} vs llama {l.text()}, effect {l.mean - m.mean:+.3f} nats → untested" in line
+        m, ll = stats.mean_ci(mixer), stats.mean_ci(llama)
+        assert f"d_model={d}: mixer {m.text()} vs llama {ll.text()}, effect {ll.mean - m.mean:+.3f} nats → untested" in line
     assert "Verdicts: 2 untested (of 2)" in line  # one llama seed per width: no test, whatever the means say
     (short,) = check_orderings(spec.model_copy(update={"report": spec.report.model_copy(update={"min_steps": 100})}),
                                views)

@@ -29,7 +29,7 @@ class Statements:
     def __init__(self, engine: sa.Engine):
         self.engine, self.seen = engine, []
 
-    def _log(self, _conn, _cursor, statement, _params, _context, _many) -> None:  # noqa: ANN001
+    def _log(self, _conn, _cursor, statement, _params, _context, _many) -> None:
         self.seen.append(" ".join(statement.split()))
 
     def __enter__(self) -> list[str]:

@@ -108,7 +108,8 @@ def _train_under_a_file_size_limit(tmp_path, budget: dict, *args: str, full_log:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failing write, not a killed process
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
-    output = {"stdout": open("/dev/full", "w"), "stderr": subprocess.STDOUT} if full_log else {"capture_output": True}
+    output = {"stdout": open("/dev/full", "w"),  # noqa: SIM115 - the child's stdout; closed with the test
+              "stderr": subprocess.STDOUT} if full_log else {"capture_output": True}
     proc = subprocess.run([sys.executable, "-m", "ablate.train", "--run-id", str(run_id), "--artifacts", str(art),
                            "--quiet", "--threads", "1", *args], env=cli_env(ABLATE_DB_URL=url), preexec_fn=limit,
                           text=True, timeout=patience(300), **output)

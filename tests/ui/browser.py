@@ -85,7 +85,7 @@ def wait_for(check, timeout: float = 15.0, what: str = "the page") -> Any:
             value = check()
             if value:
                 return value
-        except Exception as exc:  # the element is not there yet, or was just redrawn
+        except Exception as exc:  # noqa: BLE001 - the element is not there yet, or was just redrawn
             last = exc
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}" + (f" (last error: {last})" if last else ""))

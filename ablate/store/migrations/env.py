@@ -20,7 +20,7 @@ def run() -> None:
         _migrate(connection)
 
 
-def _migrate(connection) -> None:  # noqa: ANN001
+def _migrate(connection) -> None:
     # render_as_batch: SQLite cannot ALTER most things in place; batch mode copies the table.
     context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True,
                       version_table=VERSION_TABLE)
