@@ -10,7 +10,7 @@ x_i <- x_i + w_i * block(x_S)_i  (output: block; its block returns x plus the re
 Causality, honestly stated:
 - Top-k over the sequence is itself non-causal in training: whether token t is selected depends on
   the scores of later tokens. This is how MoD trains; train-mode outputs (and the train loss) are not
-  causal (mod_options.TRAINING_NOTE).
+  causal (mod_options.TRAIN_MODE_CAUSAL, said under the report's tables).
 - In eval mode a small auxiliary router (d -> d/2 -> 1, SiLU), trained with BCE on the top-k selection
   from detached inputs, decides per token (probability > 0.5), and the router weight is the sigmoid of
   the token's own score, so eval-mode forward (eval loss, samples, embeddings) is causal. Selected

@@ -9,9 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ablate.models.hybrid_options import attention_params, decoder_layer_params
 
-# MoD trains by top-k over the sequence (the paper's design); reports print this under MoD tables
-TRAINING_NOTE = "train loss uses non-causal top-k routing; test loss uses the causal router"
-# read by the contract check (ablate check): train-mode logits may read later tokens, by the paper's design
+# MoD trains by top-k over the sequence (the paper's design): read by the contract check (ablate check: train-mode
+# logits may read later tokens) and by the report, which says so under the tables of any family that declares it
 TRAIN_MODE_CAUSAL = False
 TRAIN_MODE_NOTE = ("not causal in train mode by design: top-k routing picks each routed block's tokens by the scores "
                    "of the whole sequence; eval mode routes causally (the auxiliary router)")

@@ -16,12 +16,8 @@ def run_notes(views: list[RunView]) -> list[str]:
     from ablate.config import registry
 
     notes = []
-    if any(v.axes.get("architecture") == "mod" for v in views):
-        from ablate.models.mod_options import TRAINING_NOTE
-
-        notes.append(f"Mixture-of-depths: {TRAINING_NOTE}.")
-    for name in dict.fromkeys(v.axes.get("architecture") for v in views):  # plugins that route by design
-        family = registry.families().get(name) if name != "mod" else None
+    for name in dict.fromkeys(v.axes.get("architecture") for v in views):  # families that route by design (mod)
+        family = registry.families().get(name)
         module = family.options_module() if family is not None else None
         if getattr(module, "TRAIN_MODE_CAUSAL", True) is False:
             notes.append(f"{name}: its train loss is not causal ({getattr(module, 'TRAIN_MODE_NOTE', '') or 'declared'})"

@@ -326,11 +326,12 @@ def test_mixture_of_depths_trains_in_fp16_with_a_scaler_and_its_report_says_trai
 
     out = train(mod_trial(precision="fp16", budget={"steps": 6}), Settings(artifacts=tmp_path / "art", progress=False))
     assert out["status"] == "completed" and math.isfinite(out["final_eval_loss"])
-    from ablate.models.mod_options import TRAINING_NOTE
+    from ablate.models.mod_options import TRAIN_MODE_NOTE
     from ablate.report import RunView, run_notes
 
     view = RunView(row=type("Row", (), {"id": 1, "notes": None})(), axes={"architecture": "mod"}, reference=None)
-    assert any(TRAINING_NOTE in n for n in run_notes([view]))
+    assert [n for n in run_notes([view]) if "not causal" in n] == [
+        f"mod: its train loss is not causal ({TRAIN_MODE_NOTE}); its test loss is."]
 
 
 def test_a_search_over_a_non_causal_option_value_is_refused_when_the_spec_is_read():
