@@ -105,6 +105,14 @@ def test_config_imports_nothing_of_ablate_outside_config():
     assert {m: d for m, d in outside.items() if d} == {}
 
 
+def test_the_read_side_asks_nothing_of_the_runner():
+    """results/ reads the DB itself (a sweep by name is store.sweep_named): it never imports runner/, which runs
+    trials, so a machine that only reads results never loads what starts processes."""
+    used = {m: sorted(d for d in deps if d.startswith("ablate.runner"))
+            for m, deps in _graph().items() if m.startswith("ablate.results")}
+    assert {m: d for m, d in used.items() if d} == {}
+
+
 @pytest.mark.parametrize("layer", ["ablate.config", "ablate.store", "ablate.runner", "ablate.results",
                                    "ablate.data.tokencache",  # checks a built token cache, under a lazy face
                                    "ablate.train.budget"])  # the budget clock: planning and the search loop read it

@@ -61,9 +61,7 @@ def _integers(frame: Any) -> Any:
 
 def _sweep_id(engine: sa.Engine, name: str) -> int:
     """The sweep's id, or an AblateError with a did-you-mean (not an empty frame for a typo)."""
-    from ablate.runner import sweep_id
-
-    return sweep_id(engine, name)
+    return store.sweep_named(engine, name, store.Sweep.id).id
 
 
 def to_csv(frame: Any, path: Any) -> None:

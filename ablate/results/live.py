@@ -55,13 +55,8 @@ def _budget_text(budget: dict[str, Any]) -> str:
 
 def sweep_row(engine: sa.Engine, name: str) -> Any:
     """The sweep's row (id, name, description, spec), or one clear error naming the sweeps there are."""
-    with engine.connect() as conn:
-        row = conn.execute(sa.select(store.Sweep.id, store.Sweep.name, store.Sweep.description, store.Sweep.spec)
-                           .where(store.Sweep.name == name)).first()
-        if row is None:
-            known = conn.execute(sa.select(store.Sweep.name).order_by(store.Sweep.name)).scalars().all()
-            raise AblateError(f"no sweep named {name!r} in the results DB; known: {', '.join(known) or 'none yet'}")
-    return row
+    s = store.Sweep
+    return store.sweep_named(engine, name, s.id, s.name, s.description, s.spec)
 
 
 def change_tokens(engine: sa.Engine, sweep_id: int) -> tuple[str, str]:

@@ -12,7 +12,6 @@ import sqlalchemy as sa
 
 from ablate import store
 from ablate.config import Reference, SweepSpec, TrialConfig
-from ablate.config.errors import AblateError
 from ablate.config.sweep import _same
 from ablate.config.trial import fields_that_differ
 from ablate.results.cells import check_seeds
@@ -33,12 +32,9 @@ class RunView:
 
 
 def load_views(engine: sa.Engine, sweep: str) -> tuple[SweepSpec, list[RunView]]:
+    row = store.sweep_named(engine, sweep, store.Sweep.id, store.Sweep.spec)
+    spec = SweepSpec.model_validate(row.spec)
     with store.session_factory(engine)() as session:
-        row = session.scalar(sa.select(store.Sweep).where(store.Sweep.name == sweep))
-        if row is None:
-            known = session.scalars(sa.select(store.Sweep.name)).all()
-            raise AblateError(f"no sweep named {sweep!r} in the results DB; known: {', '.join(known) or 'none yet'}")
-        spec = SweepSpec.model_validate(row.spec)
         runs = list(session.scalars(sa.select(store.Run).where(store.Run.sweep_id == row.id).order_by(store.Run.trial_index)))
     views = []
     for r in runs:

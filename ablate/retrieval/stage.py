@@ -9,7 +9,7 @@ from typing import Any
 
 from ablate import store
 from ablate.config import TrialConfig
-from ablate.config.errors import AblateError, did_you_mean
+from ablate.config.errors import AblateError
 from ablate.retrieval.pairs import load_pairs, pairs_from_stories
 from ablate.retrieval.study import retrieval_study
 
@@ -40,12 +40,7 @@ def run_stage(name: str, db_url: str | None = None, out: Path | None = None, *, 
     from ablate.config import SweepSpec
 
     engine = store.connect(db_url)
-    with engine.connect() as conn:
-        sweep = conn.execute(sa.select(store.Sweep).where(store.Sweep.name == name)).first()
-        names = [r[0] for r in conn.execute(sa.select(store.Sweep.name))]
-    if sweep is None:
-        raise AblateError(f"no sweep named {name!r} in the results DB{did_you_mean(name, names)}; "
-                          "register and train it first (ablate sweep run SPEC)")
+    sweep = store.sweep_named(engine, name, store.Sweep.id, store.Sweep.spec)
     spec = SweepSpec.model_validate(sweep.spec)
     if spec.retrieval is None:
         raise AblateError(f"sweep {name!r} has no `retrieval:` block; add retrieval: {{pairs: {{source: ...}}, "

@@ -148,15 +148,7 @@ def _root_cause(exc: BaseException) -> str:
 
 def sweep_id(engine: sa.Engine, name: str) -> int:
     """The id of the sweep named `name`, or an error that lists the known names."""
-    with engine.connect() as conn:
-        found = conn.execute(sa.select(store.Sweep.id).where(store.Sweep.name == name)).scalar()
-        if found is None:
-            known = conn.execute(sa.select(store.Sweep.name)).scalars().all()
-            from ablate.config.errors import did_you_mean
-
-            raise AblateError(f"no sweep named {name!r} in the results DB{did_you_mean(name, known)}; "
-                              f"known: {', '.join(known) or 'none yet'}")
-    return found
+    return store.sweep_named(engine, name, store.Sweep.id).id
 
 
 def sweep_runs(engine: sa.Engine, name: str) -> list[store.Run]:

@@ -11,6 +11,7 @@ Torch-free: of ablate it imports only `ablate.config` (errors; the trial fingerp
 - `register.py`: a sweep and its pending runs, with the code and library versions they ran.
 - `claims.py`: runs while they train: claims, heartbeats, liveness, updates, metric points.
 - `readlogin.py`: the read-only PostgreSQL login that `ablate sql` uses.
+- `lookup.py`: a sweep by its name, with the one error for a name that is not there.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from ablate.store.engine import (
     resolve_url,
     session_factory,
 )
+from ablate.store.lookup import sweep_named
 from ablate.store.migrate import (
     OWN_TABLES,
     READER_ROLE,
@@ -82,6 +84,6 @@ __all__ = [
     "analyze", "claim_run", "close_engines", "code_version", "connect", "copy_rows", "current_revision",
     "database_id", "describe_url", "drop_stale_runs", "explain", "get_run", "grant_reader", "head_revision", "heartbeat", "is_live",
     "library_versions", "make_engine", "new_claimant", "pid_alive", "read_timing_env", "reader", "redact",
-    "register_sweep", "resolve_url", "run_row", "session_factory", "stale_before", "stored_revision",
+    "register_sweep", "resolve_url", "run_row", "session_factory", "stale_before", "stored_revision", "sweep_named",
     "trainer_running", "update_run", "upgrade_schema", "utcnow", "write_metrics",
 ]
