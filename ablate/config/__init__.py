@@ -26,7 +26,8 @@ _HOMES = {
     **dict.fromkeys(['MAX_TRIALS', 'count_trials', 'expand_grid', 'report_axes'], 'grid'),
     **dict.fromkeys(['load_spec', 'load_trials', 'override_spec', 'parse_spec'], 'load'),
     **dict.fromkeys(['Ordering', 'Reference', 'ReportBlock', 'RetrievalPlan', 'RetrievalSettings', 'SearchBlock', 'SearchParam', 'SweepSpec', 'TableSpec', 'reference_for'], 'sweep'),
-    **dict.fromkeys(['AXIS_FIELDS', 'GRID_FIELDS', 'RECIPES', 'SWEEP_LEVEL_FIELDS', 'TrialConfig', 'describe_recipe', 'fingerprint', 'trial_fingerprint', 'with_recipe'], 'trial'),
+    'AXIS_FIELDS': 'axes',
+    **dict.fromkeys(['GRID_FIELDS', 'RECIPES', 'SWEEP_LEVEL_FIELDS', 'TrialConfig', 'describe_recipe', 'fingerprint', 'trial_fingerprint', 'with_recipe'], 'trial'),
     **dict.fromkeys(['Budget', 'EvalPlan', 'HARDWARE_PROFILES', 'Horizon', 'parse_count', 'parse_duration'], 'units'),
 }
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from ablate.config import registry
+from ablate.config.axes import AXIS_FIELDS
 from ablate.config.data import DatasetRef, TokenizerRef
 from ablate.config.errors import did_you_mean, one_of
 from ablate.config.units import Budget, EvalPlan, Frozen, Horizon, Int32, Real
@@ -186,7 +187,6 @@ class TrialConfig(Frozen):
         return registry.options_model(self.architecture)(**self.options).model_dump(mode="json")
 
 
-AXIS_FIELDS = ("architecture", "objective", "d_model", "layers", "heads", "context", "lr", "batch_size", "seed")
 SWEEP_LEVEL_FIELDS = ("dataset", "tokenizer", "budget", "eval")
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ablate import store
+from ablate.config.axes import AXIS_FIELDS
 from ablate.config.errors import AblateError
 from ablate.config.trial import fields_that_differ
 from ablate.results.equal import x_of
@@ -26,7 +27,7 @@ ROW_COLUMNS = ("id", "trial_index", "status", "architecture", "objective", "opti
                "context", "lr", "batch_size", "seed", "budget_kind", "budget_amount", "train_seconds", "steps",
                "last_step", "last_elapsed_seconds", "final_train_loss", "last_train_loss", "final_eval_loss",
                "last_eval_loss", "epochs", "params", "flops_per_token", "error", "finished_at")
-AXES = ("architecture", "objective", "d_model", "layers", "heads", "context", "lr", "batch_size", "seed")
+AXES = AXIS_FIELDS  # the run row's axis columns
 
 
 def sweep_summaries(engine: sa.Engine) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from ablate.config.axes import AXIS_FIELDS
 from ablate.config.errors import AblateError
 from ablate.store.engine import session_factory
 from ablate.store.schema import OWED_UNSTARTED, Metric, Run, Sweep, utcnow
@@ -149,7 +150,7 @@ def copy_rows(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) 
         raise sa.exc.IntegrityError(statement, None, exc) from exc
 
 
-CELL_COLUMNS = ("architecture", "objective", "d_model", "layers", "heads", "context", "lr", "batch_size", "seed")
+CELL_COLUMNS = AXIS_FIELDS  # the run row's axis columns: the trial's axes
 
 
 def _cell(values: Any) -> tuple[Any, ...]:
