@@ -185,7 +185,7 @@ def trainer(part: Part) -> None:
     """ablate's trainer against a bare loop on the same model (interleaved pairs, both uncompiled), then the share
     of a fixed wall-clock budget that is training steps (the budget clock over the wall time of `train()`)."""
     from ablate.data import prepare
-    from ablate.train import Settings, train
+    from ablate.train import TrainerSettings, train
     from bench.train import bare_loop, trial_for
 
     if part.gpu:
@@ -206,8 +206,8 @@ def trainer(part: Part) -> None:
         t = make(arch, {"steps": steps})
         measured = []
         for i in range(pairs):  # interleaved, alternating which side goes first: the machine drifts
-            run = lambda: train(t, Settings(artifacts=part.work, progress=False, resume=False,  # noqa: E731
-                                            checkpoint_every=1e9, device=device))["tokens_per_second"]
+            run = lambda: train(t, TrainerSettings(artifacts=part.work, progress=False, resume=False,  # noqa: E731
+                                                   checkpoint_every=1e9, device=device))["tokens_per_second"]
             bare = lambda: bare_loop(t, part.work, steps, part.device)  # noqa: E731
             if i % 2 == 0:
                 a = run()
@@ -227,8 +227,8 @@ def trainer(part: Part) -> None:
             continue
         t = make(arch, {"wall_clock": f"{seconds:g}s"})
         t0 = time.perf_counter()
-        out = train(t, Settings(artifacts=part.work, progress=False, resume=False, checkpoint_every=seconds / 3,
-                                device=device))
+        out = train(t, TrainerSettings(artifacts=part.work, progress=False, resume=False, checkpoint_every=seconds / 3,
+                                       device=device))
         wall = time.perf_counter() - t0
         meters = (out.get("notes") or {}).get("meters") or {}
         part.row(what="budget share", arch=arch, d_model=d, layers=layers, budget_s=seconds,

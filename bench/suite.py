@@ -133,7 +133,7 @@ def _time_model(t: TrialConfig, device: torch.device, use_compile: bool, seconds
 
 
 def ways(device: torch.device, quick: bool, root: Path) -> list[dict[str, Any]]:
-    from ablate.train import Settings, train
+    from ablate.train import TrainerSettings, train
     from bench.train import bare_loop
 
     gpu = device.type == "cuda"
@@ -142,8 +142,8 @@ def ways(device: torch.device, quick: bool, root: Path) -> list[dict[str, Any]]:
     for arch in ("mixer", "llama"):
         t = trial(arch, d, layers, context, batch, budget={"steps": steps})
         t = t.model_copy(update={"precision": "bf16" if gpu else "fp32", "compile": gpu})  # both sides alike
-        a = train(t, Settings(artifacts=root, progress=False, resume=False, checkpoint_every=1e9,
-                              device=str(device)))["tokens_per_second"]
+        a = train(t, TrainerSettings(artifacts=root, progress=False, resume=False, checkpoint_every=1e9,
+                                     device=str(device)))["tokens_per_second"]
         b = bare_loop(t, root, steps, device)
         c = studies_way(t, root, steps, device)
         rows.append({"arch": arch, "d_model": d, "steps": steps, "trainer_tok_s": a, "bare_tok_s": b, "studies_tok_s": c,

@@ -27,7 +27,7 @@ from ablate import models
 from ablate.objectives import base as objectives
 from ablate.data import prepare
 from ablate.config import TrialConfig
-from ablate.train import Settings, train
+from ablate.train import TrainerSettings, train
 
 
 def trial_for(arch: str, budget: dict, d_model: int, context: int, batch: int, precision: str = "fp32",
@@ -105,7 +105,8 @@ def main() -> None:
                                precision, compile_)
         prepare(wall_trial.dataset, wall_trial.tokenizer, wall_trial.context, root, progress=False)  # cache warm
         t0 = time.perf_counter()
-        out = train(wall_trial, Settings(artifacts=root, progress=False, checkpoint_every=15.0, device=device.type))
+        out = train(wall_trial, TrainerSettings(artifacts=root, progress=False, checkpoint_every=15.0,
+                                                device=device.type))
         wall = time.perf_counter() - t0
         meters = out["notes"]["meters"] if out.get("notes") else {}
         print(f"{arch:6s} budget {args.seconds:.0f}s: clock {out['train_seconds']:.2f}s of {wall:.2f}s wall "
@@ -115,8 +116,8 @@ def main() -> None:
         step_trial = trial_for(arch, {"steps": args.steps}, args.d_model, args.context, args.batch, precision, compile_)
         pairs = []
         for i in range(args.pairs):  # interleaved, alternating which side goes first: the machine drifts
-            trainer = lambda: train(step_trial, Settings(artifacts=root, progress=False, resume=False,  # noqa: E731
-                                                         checkpoint_every=1e9, device=device.type))["tokens_per_second"]
+            trainer = lambda: train(step_trial, TrainerSettings(artifacts=root, progress=False, resume=False,  # noqa: E731
+                                                                checkpoint_every=1e9, device=device.type))["tokens_per_second"]
             bare = lambda: bare_loop(step_trial, root, args.steps, device)  # noqa: E731
             if i % 2 == 0:
                 t, b = trainer(), bare()

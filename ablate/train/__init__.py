@@ -2,7 +2,8 @@
 
     loop.py        train(): the loop in named phases (setup, warm-up, decide/bookkeeping/eval/checkpoint/step, finish)
     trainer.py     Trainer: what setup builds, a resumed run's state, one optimizer step, finalize (the outcome)
-    state.py       Settings (how to run, not what), Dist (ranks), Progress (saved in checkpoints), Batches (data order)
+    state.py       TrainerSettings (how to run, not what), Dist (ranks), Progress (saved in checkpoints),
+                   Batches (data order)
     budget.py      the budget clock and the learning-rate schedule (torch-free: planning and search read it)
     stopping.py    stop signals: SIGTERM / SIGINT become a checkpoint and a clean end
     points.py      train-loss points (divergence check), the progress line, checkpoint points
@@ -23,11 +24,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_HOMES = {"state": ("Settings",), "cli": ("main",), "device": ("autocast", "hardware_check", "resolve_precision"),
+_HOMES = {"state": ("TrainerSettings",), "cli": ("main",),
+          "device": ("autocast", "hardware_check", "resolve_precision"),
           "evaluate": ("evaluate",), "loop": ("train",), "optim": ("make_optimizer", "plain_step")}
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 
-__all__ = ["Settings", "autocast", "evaluate", "hardware_check", "main", "make_optimizer", "plain_step",
+__all__ = ["TrainerSettings", "autocast", "evaluate", "hardware_check", "main", "make_optimizer", "plain_step",
            "resolve_precision", "train"]
 
 if TYPE_CHECKING:  # for readers and type checkers; at run time the names come through __getattr__
@@ -36,7 +38,7 @@ if TYPE_CHECKING:  # for readers and type checkers; at run time the names come t
     from ablate.train.evaluate import evaluate
     from ablate.train.loop import train
     from ablate.train.optim import make_optimizer, plain_step
-    from ablate.train.state import Settings
+    from ablate.train.state import TrainerSettings
 
 
 def __getattr__(name: str) -> Any:

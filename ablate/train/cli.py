@@ -18,7 +18,7 @@ from ablate import store
 from ablate.config import TrialConfig
 from ablate.plugins import stored
 from ablate.config.errors import AblateError, one_line
-from ablate.train.state import Dist, Settings
+from ablate.train.state import Dist, TrainerSettings
 from ablate.train.loop import train, whole_log
 from ablate.config.settings import environment
 
@@ -93,10 +93,10 @@ def main(argv: list[str] | None = None) -> int:
             text = Path(args.config[1:]).read_text() if args.config.startswith("@") else args.config
             trial = TrialConfig.model_validate(json.loads(text))
         trial = stored.ensure(trial)  # exactly the plugin code the trial was registered with
-        settings = Settings(artifacts=Path(args.artifacts).resolve(), db_url=args.db, run_id=args.run_id,
-                            checkpoint_every=args.checkpoint_every, memory_cap_mb=args.memory_cap_mb,
-                            resume=not args.no_resume, progress=not args.quiet, device=args.device,
-                            threads=args.threads, claimant=claimant, db_id=db_id)
+        settings = TrainerSettings(artifacts=Path(args.artifacts).resolve(), db_url=args.db, run_id=args.run_id,
+                                   checkpoint_every=args.checkpoint_every, memory_cap_mb=args.memory_cap_mb,
+                                   resume=not args.no_resume, progress=not args.quiet, device=args.device,
+                                   threads=args.threads, claimant=claimant, db_id=db_id)
         outcome = train(trial, settings, dist_)
         if dist_.distributed:  # no rank tears gloo/NCCL down while another still writes its end (SIGABRT at exit)
             dist.barrier()

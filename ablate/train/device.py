@@ -8,10 +8,10 @@ from typing import Any
 import torch
 
 from ablate.config import HARDWARE_PROFILES, TrialConfig
-from ablate.train.state import Dist, Settings
+from ablate.train.state import Dist, TrainerSettings
 
 
-def pick_device(settings: Settings, dist_: Dist) -> torch.device:
+def pick_device(settings: TrainerSettings, dist_: Dist) -> torch.device:
     if settings.device:
         device = torch.device(settings.device)
         if device.type == "cuda" and device.index is None:  # `--device cuda`: this rank's GPU (set_device and DDP's

@@ -27,7 +27,7 @@ from ablate.config.settings import environment
 from ablate.train.checkpoint import load_checkpoint, rng_state, set_rng_state
 from ablate.train.device import check_memory, is_oom
 from ablate.train.recorder import PendingLosses
-from ablate.train.state import Dist, Settings
+from ablate.train.state import Dist, TrainerSettings
 from ablate.train.stopping import Stopped, StopSignal
 from ablate.train.evaluate import evaluate
 from ablate.train.optim import shrink
@@ -35,7 +35,7 @@ from ablate.train.points import checkpoint, final_train_loss, progress_bar, reco
 from ablate.train.trainer import Outcome, Trainer
 
 
-def train(trial: TrialConfig, settings: Settings, dist_: Dist | None = None) -> Outcome:
+def train(trial: TrialConfig, settings: TrainerSettings, dist_: Dist | None = None) -> Outcome:
     """Train one trial to its budget and record it. Returns the outcome fields written to the run row."""
     t = Trainer(trial, settings, dist_ or Dist())
     if trial.mode == "memory_probe":

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ablate import store
-from ablate.train.state import Dist, Settings
+from ablate.train.state import Dist, TrainerSettings
 from ablate.config.settings import environment
 
 
@@ -28,7 +28,7 @@ class PendingLosses:
 
     Reading a device value is a host sync (on a GPU the host waits for every queued kernel), so points logged
     every step (a budget under `log_points` steps) are read together: the loop reads them every
-    `Settings.read_every` seconds, and before a stop, an eval or a checkpoint. One transfer per read, none per
+    `TrainerSettings.read_every` seconds, and before a stop, an eval or a checkpoint. One transfer per read, none per
     step. In DDP each point's (loss sum, count) is summed over the ranks when it is added (queued on the
     device, like the gradients' all-reduce), at log points every rank agreed on."""
 
@@ -59,7 +59,7 @@ class Recorder:
     took the run over (this one was thought dead), and the trainer then stops without writing more.
     """
 
-    def __init__(self, settings: Settings, is_main: bool):
+    def __init__(self, settings: TrainerSettings, is_main: bool):
         self.run_id = settings.run_id if is_main else None
         self.engine = store.connect(settings.db_url) if self.run_id is not None else None
         self.claimant = settings.claimant

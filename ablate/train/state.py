@@ -19,7 +19,7 @@ from ablate.config import TrialConfig
 
 
 @dataclass
-class Settings:
+class TrainerSettings:
     """How to run a trial (not part of its identity): where to record, checkpoint and log."""
 
     artifacts: Path = Path("results/artifacts")
@@ -107,7 +107,7 @@ class Batches:
         return self.rows.batch(idx)
 
 
-def run_dir(settings: Settings, trial: TrialConfig) -> Path:
+def run_dir(settings: TrainerSettings, trial: TrialConfig) -> Path:
     """runs/<database id>/run-<id>-<fingerprint>: run ids restart at 1 in every results database, so a
     folder is keyed by the database too (a fresh DB never resumes another DB's checkpoint)."""
     if settings.run_id is None:

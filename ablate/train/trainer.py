@@ -21,7 +21,7 @@ from ablate.objectives import base as objectives
 from ablate.train.checkpoint import load_checkpoint, set_rng_state
 from ablate.train.device import check_memory, is_oom, peak_memory_mb
 from ablate.train.recorder import Recorder
-from ablate.train.state import Batches, Dist, Progress, Settings, run_dir
+from ablate.train.state import Batches, Dist, Progress, TrainerSettings, run_dir
 from ablate.train.device import (_null, _to_device, autocast, hardware_check, pick_device, prepare_device,
                                  resolve_precision)
 from ablate.train.optim import make_optimizer, plain_step
@@ -55,7 +55,7 @@ class Outcome(TypedDict, total=False):
 class Trainer:
     """Holds what every phase of `ablate.train.loop.train` reads; the phases themselves live there."""
 
-    def __init__(self, trial: TrialConfig, settings: Settings, dist_: Dist):
+    def __init__(self, trial: TrialConfig, settings: TrainerSettings, dist_: Dist):
         self.t_start = time.perf_counter()
         self.trial, self.dist = trial, dist_
         if settings.threads:

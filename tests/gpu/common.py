@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ablate.config import TrialConfig
-from ablate.train import Settings
+from ablate.train import TrainerSettings
 from tests.train.test_train import metric_rows
 
 VOCAB = 384
@@ -40,12 +40,12 @@ def tiny(**over) -> TrialConfig:
     return TrialConfig(**base)
 
 
-def settings(device: torch.device, art: Path, **over) -> Settings:
-    """Settings for one in-process run on `device`. `device.type` ("cuda", no index) is what `--device cuda`
+def settings(device: torch.device, art: Path, **over) -> TrainerSettings:
+    """TrainerSettings for one in-process run on `device`. `device.type` ("cuda", no index) is what `--device cuda`
     hands the trainer; no resume unless asked (unrecorded runs of one trial share a run folder)."""
     base = {"artifacts": art, "progress": False, "device": device.type, "log_points": 10, "resume": False}
     base.update(over)
-    return Settings(**base)
+    return TrainerSettings(**base)
 
 
 def device_name(device: torch.device) -> str:

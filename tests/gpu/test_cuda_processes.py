@@ -14,7 +14,7 @@ import torch
 
 from ablate import runner, store
 from ablate.runner import warm
-from ablate.train import Settings, train
+from ablate.train import TrainerSettings, train
 from ablate.train.state import Dist
 from tests.gpu.common import REPO, device_name, settings, tiny
 from tests.train.test_train import metric_rows, registered
@@ -156,11 +156,11 @@ def test_always_is_the_only_setting_that_forks_where_a_gpu_is_visible(monkeypatc
 
 
 def test_cuda_without_an_index_is_this_ranks_gpu():
-    """`--device cuda` (Settings.device "cuda", no index) becomes cuda:LOCAL_RANK: torch.cuda.set_device and DDP's
-    device_ids take an index, and torch.device("cuda") has none. Runs on CPU too (no CUDA call is made)."""
+    """`--device cuda` (TrainerSettings.device "cuda", no index) becomes cuda:LOCAL_RANK: torch.cuda.set_device and
+    DDP's device_ids take an index, and torch.device("cuda") has none. Runs on CPU too (no CUDA call is made)."""
     from ablate.train.device import pick_device
 
-    assert pick_device(Settings(device="cuda"), Dist()) == torch.device("cuda", 0)
-    assert pick_device(Settings(device="cuda"), Dist(rank=1, world=2, local_rank=1)) == torch.device("cuda", 1)
-    assert pick_device(Settings(device="cuda:0"), Dist(local_rank=1)) == torch.device("cuda", 0)  # as given
-    assert pick_device(Settings(device="cpu"), Dist()) == torch.device("cpu")
+    assert pick_device(TrainerSettings(device="cuda"), Dist()) == torch.device("cuda", 0)
+    assert pick_device(TrainerSettings(device="cuda"), Dist(rank=1, world=2, local_rank=1)) == torch.device("cuda", 1)
+    assert pick_device(TrainerSettings(device="cuda:0"), Dist(local_rank=1)) == torch.device("cuda", 0)  # as given
+    assert pick_device(TrainerSettings(device="cpu"), Dist()) == torch.device("cpu")

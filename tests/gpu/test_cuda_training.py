@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ablate import store
-from ablate.train import Settings, train
+from ablate.train import TrainerSettings, train
 from ablate.train.state import Dist
 from tests.gpu.common import assert_learns, device_name, fresh, needs_cuda, settings, tiny
 from tests.train.test_train import registered
@@ -127,7 +127,7 @@ def test_the_optimizer_is_fused_adamw_on_cuda_and_a_step_moves_the_weights(devic
 
 
 def test_a_memory_cap_below_the_need_ends_oom_with_its_peak(device, tmp_path, whole_gpu_after, record_property):
-    """A cap below what the trial needs (`Settings(memory_cap_mb=...)`, what `--memory-cap-mb` and a hardware
+    """A cap below what the trial needs (`TrainerSettings(memory_cap_mb=...)`, what `--memory-cap-mb` and a hardware
     profile's memory set) ends the run `oom`, a result and not a crash, with the error and its peak memory. On CUDA
     the cap is half the need measured on this GPU and the allocator raises a real OOM (the recorded peak stays
     below the need); on CPU the trainer checks ru_maxrss, a high-water mark of the process, against half of it."""
@@ -238,7 +238,7 @@ def test_a_run_stopped_after_a_checkpoint_resumes_on_the_device_to_the_same_loss
     again = train(trial, settings(device, art, resume=True))
     assert again["status"] == "completed" and again["steps"] == steps, again
     # resumed, not restarted: the warm-up steps (lr 0, undone) and then only the steps after the checkpoint
-    warmup = Settings().warmup_steps
+    warmup = TrainerSettings().warmup_steps
     assert len(stepped) == warmup + steps - first["steps"], (stepped, first["steps"])
     assert stepped[warmup] == first["steps"], stepped
     assert again["samples"] == whole["samples"] == steps * 8

@@ -85,12 +85,12 @@ def test_training_records_test_accuracy_and_fits_the_training_labels(tmp_path, s
                      "lr": 1e-2, "batch_size": 5, "precision": "fp32", "warmup": 0.0, "objective": "classification"},
         "grid": [{"options": {"token_mixer": ["attention", "pool"]}}]}))
     _, _, ids = runner.register(spec, sqlite_url)
-    from ablate.train import Settings, train
+    from ablate.train import TrainerSettings, train
 
     engine = store.connect(sqlite_url)
     for run_id in ids:
         t = TrialConfig.model_validate(store.get_run(engine, run_id).config)
-        out = train(t, Settings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False))
+        out = train(t, TrainerSettings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False))
         run = store.get_run(engine, run_id)
         assert out["status"] == "completed" and math.isfinite(run.final_eval_loss)
         assert run.final_eval_accuracy in {0.0, 0.2, 0.4, 0.6, 0.8, 1.0}  # 5 held-out reviews
@@ -116,13 +116,13 @@ def test_classification_needs_a_label_column_and_one_document_per_row(tmp_path):
 
 
 def test_more_labels_than_classes_is_refused_before_training(tmp_path):
-    from ablate.train import Settings, train
+    from ablate.train import TrainerSettings, train
 
     text = tmp_path / "three.jsonl"
     text.write_text("".join(json.dumps({"text": f"review number {i} of many", "label": i % 3}) + "\n" for i in range(12)))
     t = trial(dataset={"source": str(text), "label_field": "label", "eval": {"holdout": 3}}, tokenizer={"vocab_size": 270})
     with pytest.raises(AblateError, match="objective_options.classes=2, but dataset.label_field 'label' has labels up to 2"):
-        train(t, Settings(artifacts=tmp_path / "art", progress=False))
+        train(t, TrainerSettings(artifacts=tmp_path / "art", progress=False))
 
 
 def test_the_imdb_sweep_plans_the_studys_unmasked_token_mixers_with_one_block():
@@ -208,8 +208,8 @@ def test_no_mixer_sublayer_and_no_biases_are_the_study_codes_block():
 
 
 def test_an_unmasked_classifier_trains_and_records_its_accuracy(tmp_path):
-    from ablate.train import Settings, train
+    from ablate.train import TrainerSettings, train
 
     out = train(trial(options={"token_mixer": "pool", "pool_features": True, **UNMASKED}, budget={"steps": 4}),
-                Settings(artifacts=tmp_path / "art", progress=False))
+                TrainerSettings(artifacts=tmp_path / "art", progress=False))
     assert out["status"] == "completed" and math.isfinite(out["final_eval_loss"])

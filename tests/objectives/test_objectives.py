@@ -11,7 +11,7 @@ from ablate import store
 from ablate.config.errors import SpecError
 from ablate.config import TrialConfig, parse_spec, registry
 from ablate.objectives import base as objectives
-from ablate.train import Settings, train
+from ablate.train import TrainerSettings, train
 
 VOCAB, T = 50, 12
 # the objectives over token streams; classification reads labelled documents (tests/objectives/test_classification.py)
@@ -163,7 +163,7 @@ def test_each_objective_trains_through_the_real_trainer_and_records_its_loss(tmp
                        "budget": {"steps": 20}, "grid": [{"architecture": "mixer", "d_model": 32}],
                        "defaults": {"layers": 2, "context": 8, "lr": 1e-3, "batch_size": 1}})
     _, (run_id,) = store.register_sweep(engine, spec, [t])
-    out = train(t, Settings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False))
+    out = train(t, TrainerSettings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False))
     assert out["status"] == "completed" and out["steps"] == 20
     run = store.get_run(engine, run_id)
     assert run.status == "completed" and math.isfinite(run.final_eval_loss)

@@ -10,7 +10,7 @@ import yaml
 
 from ablate import runner, store
 from ablate.report import RunView, build_report, draw_curves, layout_tables, load_views
-from ablate.train import Settings, train
+from ablate.train import TrainerSettings, train
 from ablate.config import TrialConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def filled(tmp_path_factory):
     for rid in ids:
         trial = TrialConfig.model_validate(store.get_run(engine, rid).config)
         store.claim_run(engine, rid, "test")
-        train(trial, Settings(artifacts=tmp / "art", db_url=url, run_id=rid, progress=False, log_points=6))
+        train(trial, TrainerSettings(artifacts=tmp / "art", db_url=url, run_id=rid, progress=False, log_points=6))
     return url, ids, tmp
 
 

@@ -14,7 +14,7 @@ import yaml
 from ablate import runner, store
 from ablate.config import TrialConfig
 from ablate.report import build_report
-from ablate.train import Settings, train
+from ablate.train import TrainerSettings, train
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ def test_a_real_cpu_sweep_with_three_seeds_prints_a_verdict_for_each_ordering(tm
     for rid in ids:
         store.claim_run(engine, rid, "test")
         train(TrialConfig.model_validate(store.get_run(engine, rid).config),
-              Settings(artifacts=tmp_path / "art", db_url=url, run_id=rid, progress=False, log_points=4))
+              TrainerSettings(artifacts=tmp_path / "art", db_url=url, run_id=rid, progress=False, log_points=4))
     report = build_report("seeds3", url, tmp_path / "out", formats=("md", "html", "csv"))
     (line,) = report.orderings
     (cell,) = report.claims.cells

@@ -16,7 +16,7 @@ from ablate.data import SEPARATOR, get_tokenizer
 from ablate.config.errors import AblateError
 from ablate.train.generate import load_checkpoint_model, load_checkpoint_tokenizer
 from ablate.config import TrialConfig
-from ablate.train import Settings, train
+from ablate.train import TrainerSettings, train
 
 SAMPLE = Path(ablate.__file__).parent / "corpora" / "tinystories-valid-head.txt"
 
@@ -186,7 +186,7 @@ def trained_run(tmp_path_factory):
     engine = store.connect(url)
     _, (run_id,) = store.register_sweep(engine, spec, [trial])
     engine.dispose()
-    out = train(trial, Settings(artifacts=tmp / "art", db_url=url, run_id=run_id, progress=False))
+    out = train(trial, TrainerSettings(artifacts=tmp / "art", db_url=url, run_id=run_id, progress=False))
     assert out["status"] == "completed"
     return url, run_id, trial
 

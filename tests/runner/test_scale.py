@@ -91,12 +91,12 @@ def test_the_run_row_keeps_the_latest_points_and_status_never_reads_the_metrics(
 
 def test_a_new_attempt_from_step_0_clears_the_latest_points(tmp_path, sqlite_url):
     from ablate.train.recorder import Recorder
-    from ablate.train.state import Settings
+    from ablate.train.state import TrainerSettings
 
     ids = registered_grid(tmp_path, sqlite_url, 1)
     engine = store.connect(sqlite_url)
     store.write_metrics(engine, ids[0], points(3))
-    Recorder(Settings(run_id=ids[0], db_url=sqlite_url, artifacts=tmp_path), True).forget_after(-1)
+    Recorder(TrainerSettings(run_id=ids[0], db_url=sqlite_url, artifacts=tmp_path), True).forget_after(-1)
     run = store.get_run(engine, ids[0])
     assert run.last_step is None and run.last_train_loss is None
 
@@ -185,10 +185,10 @@ def test_a_local_prefect_api_that_does_not_start_gives_a_clear_error(tmp_path):
 def test_warm_up_steps_teach_the_model_nothing(tmp_path):
     from tests.train.test_train import make_trial
 
-    from ablate.train import Settings, train
+    from ablate.train import TrainerSettings, train
 
     trial = make_trial(budget={"steps": 12}, eval={"at": [0.5]})
-    outs = [train(trial, Settings(artifacts=tmp_path / "art", warmup_steps=w, log_points=12, progress=False))
+    outs = [train(trial, TrainerSettings(artifacts=tmp_path / "art", warmup_steps=w, log_points=12, progress=False))
             for w in (0, 3)]
     assert outs[0]["final_train_loss"] == pytest.approx(outs[1]["final_train_loss"], rel=1e-6)
     assert outs[0]["final_eval_loss"] == pytest.approx(outs[1]["final_eval_loss"], rel=1e-6)

@@ -320,9 +320,9 @@ def test_status_says_when_a_running_row_is_stale(sqlite_url, capsys):
 STUCK_TRAINER = """
 import signal, sys, time
 from ablate.train.recorder import Recorder
-from ablate.train.state import Settings
+from ablate.train.state import TrainerSettings
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-Recorder(Settings(db_url=sys.argv[1], run_id=int(sys.argv[2]), claimant=sys.argv[3]), True)
+Recorder(TrainerSettings(db_url=sys.argv[1], run_id=int(sys.argv[2]), claimant=sys.argv[3]), True)
 print("ready", flush=True)
 time.sleep(600)
 """

@@ -422,14 +422,15 @@ def test_the_study_lock_excludes_other_processes_and_leaves_no_file(tmp_path):
 
 @pytest.mark.slow
 def test_a_trial_whose_trainer_fails_is_fail_and_the_study_goes_on(sqlite_url, tmp_path, artifacts):
-    from ablate.train.state import Settings, run_dir
+    from ablate.train.state import TrainerSettings, run_dir
 
     spec = parse_spec(tiny(n_trials=2, parameters={"lr": {"type": "float", "low": 1.0e-4, "high": 3.0e-2, "log": True}}))
     study = search.create_study(spec, sqlite_url)
     # the first trial's run finds an unreadable checkpoint in its run directory: its trainer fails at start-up
     doomed = search.suggest_trial(optuna.trial.FixedTrial({"lr": 1e-3}), spec)
     run_id = search._register(store.connect(sqlite_url), spec, doomed, None)
-    checkpoint = run_dir(Settings(artifacts=artifacts, run_id=run_id, db_url=sqlite_url), doomed) / "checkpoint.pt"
+    settings = TrainerSettings(artifacts=artifacts, run_id=run_id, db_url=sqlite_url)
+    checkpoint = run_dir(settings, doomed) / "checkpoint.pt"
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_bytes(b"not a checkpoint")
     study.enqueue_trial({"lr": 1e-3})

@@ -58,12 +58,12 @@ def test_run_results_carries_error_options_attempts_study_precision_and_accuracy
 
 
 def test_eval_rows_record_their_eval_at_point(url, tmp_path, capsys):
-    from ablate.train.state import Settings
+    from ablate.train.state import TrainerSettings
     from ablate.train import train
 
     trial = make_trial(budget={"steps": 12}, eval={"at": [0.25, 0.5]})
     rid = registered(url, trial)
-    train(trial, Settings(artifacts=tmp_path / "art", db_url=url, run_id=rid, progress=False, threads=1))
+    train(trial, TrainerSettings(artifacts=tmp_path / "art", db_url=url, run_id=rid, progress=False, threads=1))
     assert main(["sql", f"SELECT eval_point, step FROM eval_curve WHERE run_id = {rid} ORDER BY step",
                  "--db", url, "--format", "json"]) == 0
     import json

@@ -201,7 +201,7 @@ def test_precision_auto_follows_the_hardware_profile():
 def test_the_run_records_its_precision_its_hardware_mismatch_and_the_report_prints_both(tmp_path):
     from ablate import runner
     from ablate.report import build_report
-    from ablate.train import Settings, train
+    from ablate.train import TrainerSettings, train
 
     spec = tmp_path / "s.yaml"
     data = spec_dict(name="hw", budget={"steps": 4, "hardware": "rtx3060"}, recipe="studies")
@@ -213,7 +213,7 @@ def test_the_run_records_its_precision_its_hardware_mismatch_and_the_report_prin
     _, _, ids = runner.register(spec, url)
     engine = store.connect(url)
     t = TrialConfig.model_validate(store.get_run(engine, ids[0]).config)
-    out = train(t, Settings(artifacts=tmp_path / "art", db_url=url, run_id=ids[0], progress=False))
+    out = train(t, TrainerSettings(artifacts=tmp_path / "art", db_url=url, run_id=ids[0], progress=False))
     run = store.get_run(engine, ids[0])
     assert out["status"] == "completed" and run.precision == "fp32"  # auto on a CPU
     assert run.notes["hardware"] == {"profile": "rtx3060", "device": "cpu", "mismatch": True}
@@ -322,9 +322,10 @@ def test_a_models_own_loss_goes_through_the_fp16_grad_scaler_like_the_main_loss(
 
 
 def test_mixture_of_depths_trains_in_fp16_with_a_scaler_and_its_report_says_training_is_not_causal(tmp_path):
-    from ablate.train import Settings, train
+    from ablate.train import TrainerSettings, train
 
-    out = train(mod_trial(precision="fp16", budget={"steps": 6}), Settings(artifacts=tmp_path / "art", progress=False))
+    out = train(mod_trial(precision="fp16", budget={"steps": 6}),
+                TrainerSettings(artifacts=tmp_path / "art", progress=False))
     assert out["status"] == "completed" and math.isfinite(out["final_eval_loss"])
     from ablate.models.mod_options import TRAIN_MODE_NOTE
     from ablate.report import RunView, run_notes

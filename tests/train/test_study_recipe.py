@@ -19,7 +19,7 @@ from ablate.objectives import base as objectives
 from ablate.data import prepare
 from ablate.config.errors import SpecError
 from ablate.config import TrialConfig, describe_recipe, load_spec, load_trials, parse_spec
-from ablate.train import Settings, train
+from ablate.train import TrainerSettings, train
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEPS = REPO / "sweeps"
@@ -99,8 +99,8 @@ def test_the_recipe_says_what_it_scores_and_the_run_records_it():
 
 
 def test_a_run_trains_and_evaluates_without_end_of_text_targets(tmp_path):
-    out = train(trial(eos_is_target=False, context=512), Settings(artifacts=tmp_path / "art", progress=False))
-    kept = train(trial(context=512), Settings(artifacts=tmp_path / "art", progress=False))
+    out = train(trial(eos_is_target=False, context=512), TrainerSettings(artifacts=tmp_path / "art", progress=False))
+    kept = train(trial(context=512), TrainerSettings(artifacts=tmp_path / "art", progress=False))
     assert out["status"] == kept["status"] == "completed"
     assert out["tokens"] < kept["tokens"]  # the end-of-story targets are not counted, nor trained on
 
@@ -110,10 +110,10 @@ def test_a_run_trains_and_evaluates_without_end_of_text_targets(tmp_path):
 
 def test_a_run_ends_at_its_horizon_when_that_comes_before_its_budget(tmp_path):
     out = train(trial(budget={"steps": 40}, horizon={"steps": 9}, warmup=0.0),
-                Settings(artifacts=tmp_path / "art", progress=False))
+                TrainerSettings(artifacts=tmp_path / "art", progress=False))
     assert out["status"] == "completed" and out["steps"] == 9
     assert out["notes"]["ended_at_horizon"]["step"] == 9
-    longer = train(trial(budget={"steps": 7}, horizon={"steps": 50}), Settings(artifacts=tmp_path / "b", progress=False))
+    longer = train(trial(budget={"steps": 7}, horizon={"steps": 50}), TrainerSettings(artifacts=tmp_path / "b", progress=False))
     assert longer["steps"] == 7 and "ended_at_horizon" not in longer["notes"]  # the budget came first
 
 

@@ -19,7 +19,7 @@ from ablate import store
 from ablate.train.budget import lr_at
 from ablate.config.errors import AblateError
 from ablate.config import TrialConfig
-from ablate.train import Settings, train
+from ablate.train import TrainerSettings, train
 from ablate.train.trainer import Outcome
 from tests.waiting import Deadline, patience
 
@@ -81,8 +81,8 @@ def test_step_budget_trains_records_and_lowers_the_loss(tmp_path, db_url):
     sqlite_url = db_url  # both backends: the trainer records into SQLite and into the real PostgreSQL
     trial = make_trial()
     run_id = registered(sqlite_url, trial)
-    out = train(trial, Settings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False,
-                                log_points=10))
+    out = train(trial, TrainerSettings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False,
+                                       log_points=10))
     assert out["status"] == "completed" and out["steps"] == 30
     run = store.get_run(store.connect(sqlite_url), run_id)
     assert run.status == "completed" and run.final_eval_loss == pytest.approx(out["final_eval_loss"])
@@ -105,7 +105,7 @@ def test_twenty_second_wall_clock_run_learns_and_uses_its_budget(tmp_path, sqlit
     trial = make_trial(architecture=arch, budget={"wall_clock": "20s"}, d_model=64, context=128,
                        eval={"at": [0.05, 0.1, 0.25, 0.5]}, **extra)
     run_id = registered(sqlite_url, trial)
-    out = train(trial, Settings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False))
+    out = train(trial, TrainerSettings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False))
     entropy = unigram_entropy(tmp_path, trial)
     assert out["status"] == "completed"
     evals = [r.loss for r in metric_rows(sqlite_url, run_id, "eval")]
@@ -121,36 +121,36 @@ def test_bad_dataset_path_fails_before_training(tmp_path, sqlite_url):
     trial = make_trial(dataset={"source": str(tmp_path / "nope.txt")})
     run_id = registered(sqlite_url, trial)
     with pytest.raises(AblateError, match="nope.txt"):
-        train(trial, Settings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False))
+        train(trial, TrainerSettings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False))
     assert metric_rows(sqlite_url, run_id) == []
 
 
 def test_vocab_larger_than_the_corpus_supports_fails_before_training(tmp_path):
     trial = make_trial(tokenizer={"vocab_size": 60000})
     with pytest.raises(AblateError, match="vocab_size"):
-        train(trial, Settings(artifacts=tmp_path / "art", progress=False))
+        train(trial, TrainerSettings(artifacts=tmp_path / "art", progress=False))
 
 
 def test_dead_database_fails_before_training(tmp_path):
     with pytest.raises(AblateError, match="cannot reach the results database"):
-        train(make_trial(), Settings(artifacts=tmp_path / "art", db_url="postgresql+psycopg://postgres@127.0.0.1:1/x",
-                                     run_id=1, progress=False))
+        train(make_trial(), TrainerSettings(artifacts=tmp_path / "art", db_url="postgresql+psycopg://postgres@127.0.0.1:1/x",
+                                            run_id=1, progress=False))
 
 
 def test_nan_loss_is_recorded_as_diverged(tmp_path):
     out = train(make_trial(lr=1.0, options={"norm": False, "activation": "none"}, budget={"steps": 40}, warmup=0.0),
-                Settings(artifacts=tmp_path / "art", progress=False, log_points=40))
+                TrainerSettings(artifacts=tmp_path / "art", progress=False, log_points=40))
     assert out["status"] == "diverged", out
     assert "train loss became" in out["error"] and out["final_eval_loss"] is None
 
 
 def test_memory_cap_is_recorded_as_oom(tmp_path):
-    out = train(make_trial(), Settings(artifacts=tmp_path / "art", progress=False, memory_cap_mb=10))
+    out = train(make_trial(), TrainerSettings(artifacts=tmp_path / "art", progress=False, memory_cap_mb=10))
     assert out["status"] == "oom" and out["peak_memory_mb"] > 10 and "out of memory" in out["error"]
 
 
 def test_memory_probe_records_peak_memory(tmp_path):
-    out = train(make_trial(mode="memory_probe", budget={"steps": 1}), Settings(artifacts=tmp_path / "art", progress=False))
+    out = train(make_trial(mode="memory_probe", budget={"steps": 1}), TrainerSettings(artifacts=tmp_path / "art", progress=False))
     assert out["status"] == "completed" and out["peak_memory_mb"] > 0
 
 
@@ -227,22 +227,23 @@ def test_two_process_ddp_matches_one_process_at_the_same_global_batch(tmp_path, 
 
 
 def test_fp16_with_a_grad_scaler_trains(tmp_path):
-    out = train(make_trial(precision="fp16", budget={"steps": 12}), Settings(artifacts=tmp_path / "art", progress=False))
+    out = train(make_trial(precision="fp16", budget={"steps": 12}), TrainerSettings(artifacts=tmp_path / "art", progress=False))
     assert out["status"] == "completed" and math.isfinite(out["final_eval_loss"])
 
 
 def test_on_oom_shrink_halves_the_micro_batch_keeping_the_effective_batch(tmp_path):
-    out = train(make_trial(on_oom="shrink", batch_size=8), Settings(artifacts=tmp_path / "art", progress=False,
-                                                                    memory_cap_mb=10))
+    out = train(make_trial(on_oom="shrink", batch_size=8), TrainerSettings(artifacts=tmp_path / "art", progress=False,
+                                                                           memory_cap_mb=10))
     shrinks = out["notes"]["oom_shrink"]
     assert [(s["micro_batch"], s["grad_accum"]) for s in shrinks] == [(4, 2), (2, 4), (1, 8)]
     assert out["status"] == "oom"  # a CPU cap below the process size cannot be met by any micro-batch
 
 
 def test_gradient_accumulation_matches_the_full_batch(tmp_path):
-    full = train(make_trial(batch_size=8, budget={"steps": 10}), Settings(artifacts=tmp_path / "a", progress=False))
+    full = train(make_trial(batch_size=8, budget={"steps": 10}),
+                 TrainerSettings(artifacts=tmp_path / "a", progress=False))
     accum = train(make_trial(batch_size=4, grad_accum=2, budget={"steps": 10}),
-                  Settings(artifacts=tmp_path / "b", progress=False))
+                  TrainerSettings(artifacts=tmp_path / "b", progress=False))
     assert accum["samples"] == full["samples"] == 80
     assert accum["final_eval_loss"] == pytest.approx(full["final_eval_loss"], abs=1e-3)
 
@@ -255,7 +256,8 @@ def test_the_run_records_its_threads_epochs_and_an_absolute_checkpoint_path(sqli
     monkeypatch.chdir(tmp_path)  # artifacts given relative, as the CLI's default is
     before = torch_threads()
     try:
-        out = train(trial, Settings(artifacts=Path("art"), db_url=sqlite_url, run_id=run_id, progress=False, threads=1))
+        out = train(trial, TrainerSettings(artifacts=Path("art"), db_url=sqlite_url, run_id=run_id, progress=False,
+                                           threads=1))
     finally:
         import torch
 

@@ -11,7 +11,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ablate import store
-from ablate.train import Settings, make_optimizer, plain_step, train
+from ablate.train import TrainerSettings, make_optimizer, plain_step, train
 from tests.train.test_train import make_trial, metric_rows, registered
 from tests.waiting import patience
 
@@ -70,8 +70,8 @@ def _reads(tmp_path: Path, url: str, steps: int, read_every: float) -> tuple[int
     trial = make_trial(budget={"steps": steps}, seed=steps)
     run_id = registered(url, trial)
     with _HostReads() as reads:
-        out = train(trial, Settings(artifacts=tmp_path / "art", db_url=url, run_id=run_id, progress=False,
-                                    threads=1, read_every=read_every))
+        out = train(trial, TrainerSettings(artifacts=tmp_path / "art", db_url=url, run_id=run_id, progress=False,
+                                           threads=1, read_every=read_every))
     assert out["status"] == "completed"
     return reads.count, run_id
 
@@ -85,8 +85,8 @@ def test_losses_logged_every_step_are_read_from_the_device_together(tmp_path, sq
     every_point = make_trial(budget={"steps": 40}, seed=40)
     url2 = f"sqlite:///{tmp_path / 'every.db'}"
     run2 = registered(url2, every_point)
-    train(every_point, Settings(artifacts=tmp_path / "art", db_url=url2, run_id=run2, progress=False, threads=1,
-                                read_every=0.0))
+    train(every_point, TrainerSettings(artifacts=tmp_path / "art", db_url=url2, run_id=run2, progress=False, threads=1,
+                                       read_every=0.0))
     deferred = [(r.step, r.loss, r.tokens) for r in metric_rows(sqlite_url, run_id, "train")]
     at_once = [(r.step, r.loss, r.tokens) for r in metric_rows(url2, run2, "train")]
     assert [s for s, _, _ in deferred] == list(range(1, 41))
@@ -109,7 +109,7 @@ def test_a_run_that_runs_out_of_memory_mid_training_keeps_the_points_not_yet_rea
     monkeypatch.setattr(train_mod, "check_memory", oom_at_step_15)
     trial = make_trial(budget={"steps": 40})
     run_id = registered(sqlite_url, trial)
-    out = train(trial, Settings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False,
-                                threads=1, read_every=1e9))
+    out = train(trial, TrainerSettings(artifacts=tmp_path / "art", db_url=sqlite_url, run_id=run_id, progress=False,
+                                       threads=1, read_every=1e9))
     assert out["status"] == "oom" and out["steps"] == 15
     assert [r.step for r in metric_rows(sqlite_url, run_id, "train")] == list(range(1, 16))

@@ -19,7 +19,7 @@ import torch
 
 from ablate import store
 from ablate.config.errors import AblateError
-from ablate.train import Settings, train
+from ablate.train import TrainerSettings, train
 from tests.train.test_train import make_trial, metric_rows, registered
 from tests.waiting import patience
 
@@ -37,7 +37,7 @@ def test_a_fresh_database_never_resumes_another_databases_checkpoint(tmp_path):
     for url in urls:
         run_id = registered(url, trial)
         assert run_id == 1  # the same run id in both databases
-        outs.append(train(trial, Settings(artifacts=art, db_url=url, run_id=run_id, progress=False)))
+        outs.append(train(trial, TrainerSettings(artifacts=art, db_url=url, run_id=run_id, progress=False)))
     paths = [store.get_run(store.connect(url), 1).checkpoint_path for url in urls]
     assert paths[0] != paths[1] and all(Path(p).exists() for p in paths)
     assert outs[1]["steps"] == 20 and len(metric_rows(urls[1], 1, "train")) == len(metric_rows(urls[0], 1, "train"))
@@ -61,7 +61,7 @@ def test_checkpoints_load_weights_only_and_a_crafted_one_runs_no_code(tmp_path, 
     trial = make_trial(budget={"steps": 5})
     run_id = registered(url, trial)
     art = tmp_path / "art"
-    train(trial, Settings(artifacts=art, db_url=url, run_id=run_id, progress=False))
+    train(trial, TrainerSettings(artifacts=art, db_url=url, run_id=run_id, progress=False))
     path = Path(store.get_run(store.connect(url), run_id).checkpoint_path)
     state = torch.load(path, weights_only=True)  # plain tensors and values
     assert set(state) >= {"model", "optimizer", "progress", "rng", "identity"}
@@ -86,8 +86,8 @@ def test_a_new_attempt_from_step_zero_replaces_the_killed_attempts_points(sqlite
     # a first attempt killed before its first checkpoint left points behind
     stale = [dict(step=s, split="train", elapsed_seconds=0.1 * s, tokens=s, loss=123.0, lr=None) for s in range(1, 40)]
     store.write_metrics(store.connect(sqlite_url), run_id, stale)
-    train(trial, Settings(artifacts=Path(sqlite_url.removeprefix("sqlite:///")).parent / "art", db_url=sqlite_url,
-                          run_id=run_id, progress=False, log_points=10))
+    train(trial, TrainerSettings(artifacts=Path(sqlite_url.removeprefix("sqlite:///")).parent / "art", db_url=sqlite_url,
+                                 run_id=run_id, progress=False, log_points=10))
     rows = metric_rows(sqlite_url, run_id)
     assert rows and all(r.loss != 123.0 for r in rows)
     assert max(r.step for r in rows if r.split == "train") <= 30

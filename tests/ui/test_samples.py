@@ -8,7 +8,7 @@ import yaml
 
 from ablate import runner, store
 from ablate.config import TrialConfig
-from ablate.train import Settings, train
+from ablate.train import TrainerSettings, train
 from ablate.train.generate import complete, load_run_model
 from ablate.ui.app import make_app
 from tests.ui.conftest import spec_file
@@ -30,7 +30,7 @@ def test_a_run_page_samples_from_its_checkpoint(tmp_path):
     engine = store.connect(url)
     store.claim_run(engine, trained, "test")
     train(TrialConfig.model_validate(store.get_run(engine, trained).config),
-          Settings(artifacts=tmp_path / "art", db_url=url, run_id=trained, progress=False, log_points=4))
+          TrainerSettings(artifacts=tmp_path / "art", db_url=url, run_id=trained, progress=False, log_points=4))
     client = TestClient(make_app(store.reader(url), artifacts=tmp_path / "art"), base_url="http://127.0.0.1")
     got = client.get(f"/api/run/{trained}/sample", params={"prompt": "Once upon a time", "tokens": 8}).json()
     trial, model, tokenizer = load_run_model(trained, url, tmp_path / "art")
