@@ -7,8 +7,8 @@ Prints, per architecture:
   - budget use: the budget clock (training steps only) over the wall time of the whole `train()` call
     (data cache open, model build, untimed warm-up, evals, checkpoints, final eval included);
   - trainer tokens/s over a fixed number of steps vs a bare hand-written loop on the same device, in the
-    same precision, with the same compile setting, model, batches and optimizer (train.make_optimizer:
-    the same parameter groups), run in interleaved pairs; the median of the pairs' ratios.
+    same precision, with the same compile setting, model, batches, optimizer (train.make_optimizer: the same
+    parameter groups) and update (train.apply_update), run in interleaved pairs; the median of the pairs' ratios.
 A script, not a test: the numbers depend on the machine and its load.
 """
 
@@ -41,7 +41,7 @@ def trial_for(arch: str, budget: dict, d_model: int, context: int, batch: int, p
 def bare_loop(trial: TrialConfig, root: Path, steps: int, device: torch.device) -> float:
     """The trainer's model, batches, optimizer, precision and compile setting on its device, with no clock, no
     logging and no budget checks: tokens/s over `steps` after the same two untimed warm-up steps."""
-    from ablate.train import autocast as _autocast, make_optimizer
+    from ablate.train import apply_update, autocast as _autocast, make_optimizer
 
     prepared = prepare(trial.dataset, trial.tokenizer, trial.context, root, progress=False)
     torch.manual_seed(trial.seed)
@@ -65,15 +65,7 @@ def bare_loop(trial: TrialConfig, root: Path, steps: int, device: torch.device) 
             s, c = objectives.causal_lm_loss(forward(ids), labels)
         loss = s / c
         (scaler.scale(loss) if scaler is not None else loss).backward()
-        if scaler is not None:
-            scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        if scaler is not None:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+        apply_update(model, opt, scaler, opt.step)
     sync()
     return tokens / (time.perf_counter() - t0)
 

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 _HOMES = {"state": ("TrainerSettings",), "cli": ("main",),
           "device": ("autocast", "hardware_check", "resolve_precision"),
-          "evaluate": ("evaluate",), "loop": ("train",), "optim": ("make_optimizer", "plain_step")}
+          "evaluate": ("evaluate",), "loop": ("train",), "optim": ("apply_update", "make_optimizer", "plain_step")}
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 
-__all__ = ["TrainerSettings", "autocast", "evaluate", "hardware_check", "main", "make_optimizer", "plain_step",
+__all__ = ["TrainerSettings", "apply_update", "autocast", "evaluate", "hardware_check", "main", "make_optimizer", "plain_step",
            "resolve_precision", "train"]
 
 if TYPE_CHECKING:  # for readers and type checkers; at run time the names come through __getattr__

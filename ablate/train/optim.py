@@ -56,6 +56,22 @@ def plain_step(optimizer: torch.optim.Optimizer) -> Callable[[], Any]:
     return step
 
 
+def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any,
+                 step: Callable[[], Any]) -> None:
+    """One update after a step's backward passes: unscale (fp16's scaler), clip the gradient norm at 1.0, step
+    (`step`: the trainer's plain_step, or optimizer.step; through the scaler, which skips a step whose gradients
+    are not finite), zero the gradients. The trainer and bench/train.py's bare loop both update this way."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def shrink(trial: TrialConfig, progress: Progress, optimizer: Any, device: torch.device) -> bool:
     """on_oom: shrink — halve the micro-batch and double accumulation (same effective batch); False if it can't."""
     if trial.on_oom != "shrink" or progress.micro_batch <= 1:

@@ -24,7 +24,7 @@ from ablate.train.recorder import Recorder
 from ablate.train.state import Batches, Dist, Progress, TrainerSettings, run_dir
 from ablate.train.device import (_null, _to_device, autocast, hardware_check, pick_device, prepare_device,
                                  resolve_precision)
-from ablate.train.optim import make_optimizer, plain_step
+from ablate.train.optim import apply_update, make_optimizer, plain_step
 
 
 
@@ -190,15 +190,7 @@ class Trainer:
             (scaler.scale(loss) if scaler is not None else loss).backward()
             loss_sum += s.detach().float()
             count += c.detach().float()
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            self.step_optimizer()
-        optimizer.zero_grad(set_to_none=True)
+        apply_update(self.model, optimizer, scaler, self.step_optimizer)
         return loss_sum, count, progress.micro_batch * progress.grad_accum * world, host_tokens * world
 
     # ---------------------------------------------------------------- how a run ends
