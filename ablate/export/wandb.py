@@ -35,7 +35,7 @@ class WandbTarget:
             for p in points:
                 steps.setdefault(p.step, {})[f"{split}/loss"] = p.loss
         self.drop_partial(run)
-        settings = wandb.TrainerSettings(console="off", x_disable_stats=True, x_disable_meta=True, silent=True)
+        settings = wandb.Settings(console="off", x_disable_stats=True, x_disable_meta=True, silent=True)
         w = wandb.init(mode="offline", dir=str(self.dir), project=self.project, id=run.fingerprint, name=run.name,
                        config=run.params, resume="allow", settings=settings, reinit="create_new")
         written = [*self.ledger.entry(run).get("wandb_runs", []), Path(w.dir).parent.name]
