@@ -27,7 +27,6 @@ ROW_COLUMNS = ("id", "trial_index", "status", "architecture", "objective", "opti
                "context", "lr", "batch_size", "seed", "budget_kind", "budget_amount", "train_seconds", "steps",
                "last_step", "last_elapsed_seconds", "final_train_loss", "last_train_loss", "final_eval_loss",
                "last_eval_loss", "epochs", "params", "flops_per_token", "error", "finished_at")
-AXES = AXIS_FIELDS  # the run row's axis columns
 
 
 def sweep_summaries(engine: sa.Engine) -> list[dict[str, Any]]:
@@ -95,7 +94,7 @@ def run_rows(engine: sa.Engine, sweep_id: int) -> list[dict[str, Any]]:
 def _flat(row: Any) -> dict[str, Any]:
     pick = lambda final, last: final if final is not None else last  # noqa: E731
     out: dict[str, Any] = {"run": row.id, "status": row.status}
-    out.update({k: getattr(row, k) for k in AXES})
+    out.update({k: getattr(row, k) for k in AXIS_FIELDS})
     out.update({f"options.{k}": v for k, v in sorted((row.options or {}).items())})
     out.update({"progress": _progress(row), "steps": pick(row.steps, row.last_step),
                 "train": pick(row.final_train_loss, row.last_train_loss),

@@ -58,7 +58,6 @@ from ablate.store.migrate import (
     upgrade_schema,
 )
 from ablate.store.register import (
-    CELL_COLUMNS,
     analyze,
     code_version,
     copy_rows,
@@ -79,7 +78,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "CELL_COLUMNS", "DEFAULT_URL", "FINISHED", "HEARTBEAT_SECONDS", "OWED_UNSTARTED", "OWN_TABLES", "READER_ROLE",
+    "DEFAULT_URL", "FINISHED", "HEARTBEAT_SECONDS", "OWED_UNSTARTED", "OWN_TABLES", "READER_ROLE",
     "RUN_STATUSES", "SCHEMA_HEAD", "STALE_SECONDS", "VERSION_TABLE", "Base", "Meta", "Metric", "Run", "Sweep",
     "analyze", "claim_run", "close_engines", "code_version", "connect", "copy_rows", "current_revision",
     "database_id", "describe_url", "drop_stale_runs", "explain", "get_run", "grant_reader", "head_revision", "heartbeat", "is_live",

@@ -150,12 +150,9 @@ def copy_rows(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) 
         raise sa.exc.IntegrityError(statement, None, exc) from exc
 
 
-CELL_COLUMNS = AXIS_FIELDS  # the run row's axis columns: the trial's axes
-
-
 def _cell(values: Any) -> tuple[Any, ...]:
     """The table cell a run fills: its axis columns (an object with those attributes)."""
-    return (*(getattr(values, c) for c in CELL_COLUMNS), json.dumps(dict(values.options or {}), sort_keys=True))
+    return (*(getattr(values, c) for c in AXIS_FIELDS), json.dumps(dict(values.options or {}), sort_keys=True))
 
 
 def _refuse_mixing(session: Session, sweep: Sweep, trials: list[Any], fps: set[str], spec_path: str | None) -> None:
@@ -164,7 +161,7 @@ def _refuse_mixing(session: Session, sweep: Sweep, trials: list[Any], fps: set[s
     Removing or adding cells (an edited grid) is fine: the results of removed cells stay as results."""
     cells = {_cell(t): t for t in trials}
     clashes: dict[str, int] = {}
-    for run in session.execute(sa.select(Run.fingerprint, Run.status, Run.options, *(getattr(Run, c) for c in CELL_COLUMNS))
+    for run in session.execute(sa.select(Run.fingerprint, Run.status, Run.options, *(getattr(Run, c) for c in AXIS_FIELDS))
                                .where(Run.sweep_id == sweep.id, Run.study_name.is_(None),
                                       Run.status.not_in(OWED_UNSTARTED))):
         if run.fingerprint not in fps and _cell(run) in cells:
