@@ -1,6 +1,6 @@
 """ablate: declarative ablation sweeps for small language-model architectures, with a results database.
 
-`ablate.architecture` and `ablate.objective` register your own (ablate/plugins/api.py); importing `ablate` stays
+`ablate.architecture` and `ablate.objective` register your own (ablate/config/registration.py); importing `ablate` stays
 light: they load on first use.
 """
 
@@ -12,7 +12,7 @@ __all__ = ["__version__", "architecture", "objective"]
 
 def __getattr__(name: str) -> Any:
     if name in ("architecture", "objective"):
-        from ablate.plugins import api
+        from ablate.config import registration
 
-        return getattr(api, name)
+        return getattr(registration, name)
     raise AttributeError(f"module 'ablate' has no attribute {name!r}")

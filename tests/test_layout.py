@@ -1,5 +1,6 @@
-"""The house's rules, checked on the code itself: no import circles, the torch-free layers stay torch-free,
-`config` stands on nothing of ablate, and the old import paths still work (with a deprecation warning)."""
+"""The house's rules, checked on the code itself: no import circles, no import running back up from the lower
+floors, the torch-free layers stay torch-free, `config` stands on nothing of ablate, the old top-level paths are
+gone."""
 
 from __future__ import annotations
 
@@ -103,6 +104,29 @@ def test_config_imports_nothing_of_ablate_outside_config():
     outside = {m: sorted(d for d in deps if not d.startswith("ablate.config"))
                for m, deps in graph.items() if m.startswith("ablate.config")}
     assert {m: d for m, d in outside.items() if d} == {}
+
+
+# what each lower floor may import (ablate/README.md's picture); "ablate" is the package face (its version)
+BELOW = {"ablate": {"config"}, "store": {"ablate", "config"}, "data": {"config"}, "models": {"config"},
+         "objectives": {"config", "models"}, "plugins": {"config", "models", "objectives", "store"}}
+
+
+def test_no_import_runs_back_up_from_the_lower_floors():
+    """Registration sits with the registry in config/ (the zoo, the objectives and every plugin register through
+    config/registration.py), and the store receives plugin sources from its caller: no lower floor imports one
+    above it, so nothing below plugins/ can run plugin code."""
+    graph = _graph()
+
+    def folder(module: str) -> str:
+        return module.split(".")[1] if module.startswith("ablate.") else module
+
+    above = {}
+    for module, deps in graph.items():
+        if folder(module) in BELOW:
+            wrong = sorted(d for d in deps if folder(d) not in BELOW[folder(module)] | {folder(module)})
+            if wrong:
+                above[module] = wrong
+    assert above == {}
 
 
 def test_the_read_side_asks_nothing_of_the_runner():

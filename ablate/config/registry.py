@@ -14,7 +14,7 @@ its options, with the defaults an objective that declares nothing gets.
 
 Every entry records its Source: built-in, or the plugin file, module or installed package it came from, with
 the identity of that code (`Source.identity`), which a trial of it carries as `code` (its fingerprint, and
-runs.code_version). Registrations go through `ablate.architecture` / `ablate.objective` (ablate/plugins/api.py);
+runs.code_version). Registrations go through `ablate.architecture` / `ablate.objective` (config/registration.py);
 the built-ins register themselves when `ablate.models` and `ablate.objectives` are imported, and installed
 packages through the entry-point group `ablate.plugins`; the first lookup does both, so `config` names them
 here by path and never imports them at module level.
@@ -331,6 +331,11 @@ def code_of(architecture: Any, objective: Any) -> str | None:
         if entry is not None and entry.source.identity is not None and not _stands_in(entry):
             parts.append(f"{entry.name}@{entry.source.identity}")
     return "+".join(parts) or None
+
+
+def code_parts(code: str) -> list[tuple[str, str]]:
+    """(name, identity) of each plugin a trial's `code` names: code_of read back."""
+    return [tuple(part.split("@", 1)) for part in code.split("+") if "@" in part]
 
 
 def with_code(data: dict[str, Any]) -> dict[str, Any]:

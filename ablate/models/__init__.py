@@ -18,7 +18,7 @@ from typing import Any
 
 from ablate.config.registry import (check_architecture, families, model_module, options_model, options_module,
                                     register_architecture)
-from ablate.plugins.api import architecture
+from ablate.config.registration import architecture
 
 __all__ = ["build", "check_architecture", "families", "family", "list_families",
            "options_model", "options_module", "register_architecture", "ZOO"]

@@ -30,7 +30,7 @@ token_counter, check_data), the Objective wrapper that DDP and torch.compile wra
 from __future__ import annotations
 
 from ablate.config.registry import register_objective
-from ablate.plugins.api import objective
+from ablate.config.registration import objective
 
 __all__ = ["BUILTIN_OBJECTIVES", "register_objective"]
 

@@ -31,8 +31,10 @@ def module(objective: str) -> ModuleType:
 
 
 def loss_function(trial: Any) -> LossFn:
-    """The trainer's loss for a trial: (model, input_ids, labels) -> (loss sum, token count)."""
-    return module(trial.objective).loss(trial)
+    """The trainer's loss for a trial: (model, input_ids, labels) -> (loss sum, token count); next-token loss for
+    an objective registered without one."""
+    loss = getattr(module(trial.objective), "loss", None)
+    return next_token_loss if loss is None else loss(trial)
 
 
 def target_counter(trial: Any) -> Callable[[Tensor], int]:
@@ -41,7 +43,8 @@ def target_counter(trial: Any) -> Callable[[Tensor], int]:
     The same number the loss returns as its count, known before the forward pass without a device
     sync, so that a step's micro-batches are weighted by tokens over the whole step.
     """
-    return module(trial.objective).count(trial)
+    count = getattr(module(trial.objective), "count", None)
+    return count_next_tokens if count is None else count(trial)
 
 
 def token_counter(trial: Any) -> Callable[[Tensor], int]:

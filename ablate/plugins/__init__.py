@@ -1,9 +1,9 @@
 """Plugins: architectures and objectives from outside the package, registered through the same API as the zoo.
 
-    api.py     `ablate.architecture` and `ablate.objective`: register a builder (the built-ins use their lazy form)
     load.py    a sweep's `plugins:` (a file beside the sweep, or an importable module), installed packages'
-               entry points (group `ablate.plugins`), and the identity of each one's code
-    stored.py  a file plugin's source kept in the results DB by its identity, and materialised on a worker
+               entry points (group `ablate.plugins`); what each registers goes through config/registration.py
+    stored.py  what registering a sweep stores of its plugins (`records_of`), and a file plugin's source
+               materialised on a worker from the results DB
     recorded.py  what readers know of a plugin without running it (facts recorded at registration)
     check.py   the contract suite (`ablate check`): shape, causality, parameter count, training, DDP
 

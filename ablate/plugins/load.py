@@ -1,6 +1,6 @@
 """Loading plugins: a file (a sweep's `plugins: [./my_mixer.py]`, relative to the sweep file), an importable
 module (`mypkg.models`), or an installed package's entry point (group `ablate.plugins`, read on the registry's
-first lookup); and the identity of each one's code, which its trials carry (`code`, runs.code_version).
+first lookup). What each one registers records the identity of its code (config/identity.py).
 
 A file is executed as a module named after its content hash, so that a re-read of the same file is free and an
 edited file registers its new code in place of the old. Whatever goes wrong names the plugin and the fix.
@@ -8,8 +8,6 @@ edited file registers its new code in place of the old. Whatever goes wrong name
 
 from __future__ import annotations
 
-import contextvars
-import hashlib
 import importlib
 import importlib.util
 import re
@@ -18,15 +16,13 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from ablate.config import registry
 from ablate.config.errors import AblateError
+from ablate.config.identity import LOADING, file_identity, module_source
 from ablate.config.registry import Source
 
-# the plugin file being executed: what its registrations record as their source (ablate.plugins.api reads it)
-LOADING: contextvars.ContextVar[Source | None] = contextvars.ContextVar("ablate_plugin_loading", default=None)
 GROUP = "ablate.plugins"  # the entry-point group installed packages name their plugin module in
 
 # plugin files executed in this process, by (path, identity): a sweep read twice runs its plugin once
@@ -163,55 +159,6 @@ def load_entry_points() -> None:
             BROKEN[point.name] = str(exc)
             warnings.warn(f"entry point {point.name!r} ({point.value}, group {GROUP}) of an installed package "
                           f"was skipped: {exc}", stacklevel=2)
-
-
-# ---------------------------------------------------------------- identity
-
-
-def file_identity(text: str) -> str:
-    return "file:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def module_source(module: ModuleType | None) -> Source:
-    """A module's source: the installed distribution it belongs to (name==version), else the hash of its
-    top-level package's files ('module:...'), or of its one file ('file:...', stored for workers)."""
-    if module is None:
-        return Source("module", "<unknown>", None)
-    top = module.__name__.split(".")[0]
-    dist = _distribution(top)
-    if dist is not None:
-        return Source("package", dist[0], f"package:{dist[0]}=={dist[1]}")
-    root = sys.modules.get(top, module)
-    path = Path(getattr(root, "__file__", "") or "")
-    if path.name == "__init__.py":
-        digest = hashlib.sha256()
-        for file in sorted(path.parent.rglob("*.py")):
-            digest.update(file.relative_to(path.parent).as_posix().encode() + b"\0" + file.read_bytes())
-        return Source("module", top, f"module:{top}:{digest.hexdigest()[:16]}")
-    if path.is_file():
-        text = path.read_text(encoding="utf-8")
-        return Source("module", top, file_identity(text), text)
-    return Source("module", top, None)
-
-
-_PROVIDERS: dict[tuple[str, ...], dict[str, list[str]]] = {}  # top-level module -> distributions, per sys.path
-
-
-def _distribution(top: str) -> tuple[str, str] | None:
-    """(name, version) of the installed distribution that provides top-level module `top`; None for a module
-    that is only on the path (a checkout), or ablate's own."""
-    from importlib.metadata import packages_distributions, version
-
-    providers = _PROVIDERS.get(tuple(sys.path))
-    if providers is None:  # ~0.1 CPU-s to read every installed distribution's file list: once per sys.path
-        providers = _PROVIDERS[tuple(sys.path)] = packages_distributions()
-    names = [n for n in providers.get(top, []) if n != "ablate"]
-    if not names or top in ("ablate", "tests"):
-        return None
-    try:
-        return names[0], version(names[0])
-    except Exception:  # noqa: BLE001 - a broken distribution's metadata: no version to name
-        return None
 
 
 # ---------------------------------------------------------------- counting

@@ -19,20 +19,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pydantic
-import sqlalchemy as sa
 from pydantic_core import to_jsonable_python
 
 from ablate.config import registry
 from ablate.config.errors import AblateError
-from ablate.config.registry import Family, ObjectiveEntry, Source
+from ablate.config.registry import Family, ObjectiveEntry, Source, code_parts
 
 RECORDED = "recorded"  # Source.kind of a stand-in: the plugin's facts, none of its code
 _OBJECTIVE_FLAGS = ("unmasked", "token_targets", "next_token", "architectures")
-
-
-def components(code: str) -> list[tuple[str, str]]:
-    """(name, identity) of each plugin in a trial's `code` ('name@identity', '+' between two)."""
-    return [tuple(part.split("@", 1)) for part in code.split("+") if "@" in part]
 
 
 def is_recorded(entry: Any) -> bool:
@@ -41,7 +35,7 @@ def is_recorded(entry: Any) -> bool:
 
 def unloaded(trial: Any) -> list[tuple[str, str]]:
     """The plugins of a stored `trial` whose code this process does not hold (recorded stand-ins)."""
-    return [(name, identity) for name, identity in components(trial.code or "")
+    return [(name, identity) for name, identity in code_parts(trial.code or "")
             if is_recorded(registry.registered(name))]
 
 
@@ -52,7 +46,7 @@ def facts_of(trials: list[Any]) -> dict[tuple[str, str], dict[str, Any]]:
     """The facts of each plugin `trials` run, by (name, identity), from the loaded plugin (it ran here anyway)."""
     found: dict[tuple[str, str], dict[str, Any]] = {}
     for trial in trials:
-        for name, identity in components(trial.code or ""):
+        for name, identity in code_parts(trial.code or ""):
             entry = registry.registered(name)
             if (name, identity) in found or entry is None or entry.source.identity != identity:
                 continue
@@ -76,15 +70,6 @@ def _defaults(options: Any) -> dict[str, Any]:
             for key, field in fields.items() if not field.is_required()}
 
 
-def save(session: Any, facts: dict[tuple[str, str], dict[str, Any]]) -> None:
-    """Store the facts not stored yet (inside the registration's transaction)."""
-    from ablate.store.schema import PluginFacts
-
-    for (name, identity), data in facts.items():
-        if session.get(PluginFacts, (name, identity)) is None:
-            session.add(PluginFacts(name=name, identity=identity, facts=data))
-
-
 # ---------------------------------------------------------------- reading: stand-ins
 
 
@@ -92,10 +77,12 @@ def stand_in(code: str) -> None:
     """Register a recorded stand-in for each plugin of a stored trial's `code` that this process has not loaded
     (from the facts in any results DB it has opened; a DB registered before facts were kept gives none: its options
     then read as stored, without defaults)."""
-    for name, identity in components(code):
+    from ablate.store.plugins import stored_facts  # a reading command that met an unloaded plugin: it has a DB open
+
+    for name, identity in code_parts(code):
         if registry.registered(name) is not None:
             continue
-        facts = _read(name, identity)
+        facts = stored_facts(name, identity)
         source = Source(RECORDED, str(facts.get("path", "?")), identity)
         description = str(facts.get("description", f"plugin {identity}, recorded"))
         options = SimpleNamespace(Options=_options_model(name, facts.get("options") or {}))
@@ -109,22 +96,6 @@ def stand_in(code: str) -> None:
             if facts.get("train_mode_causal") is False:  # what the report says under its tables
                 options.TRAIN_MODE_CAUSAL, options.TRAIN_MODE_NOTE = False, facts.get("train_mode_note", "")
             registry.add_family(Family(name, _refusing(name, identity), options, description, source))
-
-
-def _read(name: str, identity: str) -> dict[str, Any]:
-    from ablate.store.migrate import _ENGINES, _READERS
-    from ablate.store.schema import PluginFacts
-
-    for engine in [*_ENGINES.values(), *_READERS.values()]:
-        try:
-            with engine.connect() as conn:
-                facts = conn.scalar(sa.select(PluginFacts.facts).where(PluginFacts.name == name,
-                                                                       PluginFacts.identity == identity))
-        except sa.exc.SQLAlchemyError:  # an older DB without the table, or one gone away: no facts from it
-            continue
-        if isinstance(facts, dict):
-            return facts
-    return {}
 
 
 def _options_model(name: str, defaults: dict[str, Any]) -> Any:

@@ -1,6 +1,6 @@
 """A file plugin's source in the results DB, by the identity of its code, and its materialisation where it runs.
 
-Registering a sweep stores the source of every plugin file its trials name (`save`). A trainer that never saw the
+Registering a sweep stores the source of every plugin file its trials name (`records_of`, given to the store). A trainer that never saw the
 file writes that exact source into a content-addressed folder and loads it (`materialise`), making sure it builds
 with exactly the trial's code (`ensure`): a later edit on the submitting laptop cannot change a running sweep.
 Reading a trial runs none of it (a report on another machine reads recorded facts); `ablate generate` loads a
@@ -18,36 +18,24 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-
 from ablate.config import registry
 from ablate.config.errors import AblateError
-from ablate.config.registry import Source
-from ablate.plugins.recorded import components, is_recorded, not_loaded, unloaded
+from ablate.config.identity import file_identity
+from ablate.config.registry import Source, code_parts
+from ablate.plugins.recorded import facts_of, is_recorded, not_loaded, unloaded
+from ablate.store.plugins import PluginRecords, stored_source
 
 
-def sources_of(trials: list[Any]) -> list[Source]:
-    """The file plugins' sources that `trials` run (each once)."""
+def records_of(trials: list[Any]) -> PluginRecords:
+    """What registering `trials` stores of their plugins (store.register_sweep's `plugins=`): the file plugins'
+    sources (each once), and every plugin's facts for readers (recorded.facts_of)."""
     found: dict[str, Source] = {}
     for trial in trials:
-        for name, identity in components(trial.code or ""):
+        for name, identity in code_parts(trial.code or ""):
             entry = registry.registered(name)
             if entry is not None and entry.source.identity == identity and entry.source.text is not None:
                 found[identity] = entry.source
-    return list(found.values())
-
-
-def save(session: Any, sources: list[Source]) -> None:
-    """Store each source not stored yet (inside the registration's transaction)."""
-    from ablate.store.schema import PluginSource
-
-    if not sources:
-        return
-    have = set(session.scalars(sa.select(PluginSource.identity).where(
-        PluginSource.identity.in_([s.identity for s in sources]))))
-    for source in sources:
-        if source.identity not in have:
-            session.add(PluginSource(identity=source.identity, path=source.where, text=source.text))
+    return PluginRecords(tuple(found.values()), facts_of(trials))
 
 
 def ensure(trial: Any) -> Any:
@@ -91,9 +79,9 @@ def _loaded_identity(name: str) -> str | None:
 def materialise(code: str, exact: bool = False) -> None:
     """Load the plugins a trial's `code` names that are not loaded (or, `exact`, loaded with other code); a stored
     source runs only if its text is the code its identity names."""
-    from ablate.plugins.load import file_identity, load_plugin
+    from ablate.plugins.load import load_plugin
 
-    for name, identity in components(code):
+    for name, identity in code_parts(code):
         entry = registry.registered(name)
         if entry is not None and not is_recorded(entry) and (not exact or entry.source.identity == identity):
             continue
@@ -124,20 +112,9 @@ def _have(entry: Any) -> str:
 
 def _stored(identity: str, name: str) -> tuple[str, str]:
     """(path, text) of a stored source, from any results DB this process has opened."""
-    from ablate.store.migrate import _ENGINES, _READERS
-    from ablate.store.schema import PluginSource
-
-    unread = []
-    for engine in [*_ENGINES.values(), *_READERS.values()]:
-        try:
-            with engine.connect() as conn:
-                row = conn.execute(sa.select(PluginSource.path, PluginSource.text)
-                                   .where(PluginSource.identity == identity)).first()
-        except sa.exc.SQLAlchemyError as exc:  # e.g. the database went away: said, not taken for a missing row
-            unread.append(f"{engine.url.render_as_string(hide_password=True)} ({type(exc.orig or exc).__name__})")
-            continue
-        if row is not None:
-            return row.path, row.text
+    found, unread = stored_source(identity)
+    if found is not None:
+        return found
     if unread:
         raise AblateError(f"{name!r} is a plugin ({identity}) whose source could not be read from the results DB: "
                           f"{', '.join(unread)}; check that the database is reachable, then retry the trial")
@@ -148,7 +125,6 @@ def _stored(identity: str, name: str) -> tuple[str, str]:
 def _write(identity: str, path: str, text: str) -> Path:
     """The source in a folder named by its identity, in this user's own temporary folder (mode 700: nobody else
     can put code there), written atomically unless the file there already holds it: concurrent trainers share it."""
-    from ablate.plugins.load import file_identity
 
     folder = Path(tempfile.gettempdir()) / f"ablate-plugins-{os.getuid()}" / identity.replace(":", "-")
     target = folder / Path(path).name

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ablate import store
 from ablate.plugins.guard import plugin_modules, refuse_broken_plugins
+from ablate.plugins.stored import records_of
 from ablate.config.errors import AblateError
 from ablate.config import TrialConfig, load_trials
 
@@ -36,7 +37,8 @@ def register(spec_path: str | Path, db_url: str | None = None, max_trials: int =
     engine = store.connect(db_url)
     if artifacts is not None:
         prepare_data(trials, artifacts, say=say)
-    sweep_id, ids = store.register_sweep(engine, spec, trials, spec_path=str(spec_path), merge=merge)
+    sweep_id, ids = store.register_sweep(engine, spec, trials, spec_path=str(spec_path), merge=merge,
+                                         plugins=records_of(trials))
     if spec.search is None:
         dropped = store.drop_stale_runs(engine, sweep_id, set(ids))
         if dropped and say is not None:

@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 
 from ablate import runner, store
 from ablate.config import SweepSpec, TrialConfig
+from ablate.plugins.stored import records_of
 from ablate.search.claims import COUNTED, requeue
 from ablate.search.follower import _EvalFollower, _follow
 from ablate.search.space import suggest_trial
@@ -35,7 +36,7 @@ class TrialOutcome:
 def _register(engine: sa.Engine, spec: SweepSpec, config: TrialConfig, spec_path: str | None) -> int:
     for attempt in range(3):
         try:
-            _, (run_id,) = store.register_sweep(engine, spec, [config], spec_path=spec_path)
+            _, (run_id,) = store.register_sweep(engine, spec, [config], spec_path=spec_path, plugins=records_of([config]))
             return run_id
         except sa.exc.IntegrityError:  # another worker registered the same config at the same moment
             if attempt == 2:

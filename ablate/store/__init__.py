@@ -9,6 +9,7 @@ Torch-free: of ablate it imports only `ablate.config` (errors; the trial fingerp
 - `engine.py`: URLs, engines, sessions, the database's identity, errors in a user's words.
 - `migrate.py`: schema revisions and upgrades; `connect` (migrates) and `reader` (never writes).
 - `register.py`: a sweep and its pending runs, with the code and library versions they ran.
+- `plugins.py`: the plugin rows registration writes (sources, facts; its caller finds them) and their lookups.
 - `claims.py`: runs while they train: claims, heartbeats, liveness, updates, metric points.
 - `readlogin.py`: the read-only PostgreSQL login that `ablate sql` uses.
 - `lookup.py`: a sweep by its name, with the one error for a name that is not there.
@@ -57,6 +58,7 @@ from ablate.store.migrate import (
     stored_revision,
     upgrade_schema,
 )
+from ablate.store.plugins import PluginRecords
 from ablate.store.register import (
     analyze,
     code_version,
@@ -78,7 +80,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "DEFAULT_URL", "FINISHED", "HEARTBEAT_SECONDS", "OWED_UNSTARTED", "OWN_TABLES", "READER_ROLE",
+    "DEFAULT_URL", "FINISHED", "HEARTBEAT_SECONDS", "OWED_UNSTARTED", "OWN_TABLES", "PluginRecords", "READER_ROLE",
     "RUN_STATUSES", "SCHEMA_HEAD", "STALE_SECONDS", "VERSION_TABLE", "Base", "Meta", "Metric", "Run", "Sweep",
     "analyze", "claim_run", "close_engines", "code_version", "connect", "copy_rows", "current_revision",
     "database_id", "describe_url", "drop_stale_runs", "explain", "get_run", "grant_reader", "head_revision", "heartbeat", "is_live",

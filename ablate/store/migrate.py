@@ -47,9 +47,14 @@ def connect(url: str | None = None, upgrade: bool = True) -> sa.Engine:
     return engine
 
 
+def opened_engines() -> list[sa.Engine]:
+    """Every engine this process keeps open, writers first."""
+    return [*_ENGINES.values(), *_READERS.values()]
+
+
 def close_engines() -> None:
     """Close the connections of every engine this process keeps (before leaving without the interpreter's teardown)."""
-    for engine in [*_ENGINES.values(), *_READERS.values()]:
+    for engine in opened_engines():
         engine.dispose()
 
 

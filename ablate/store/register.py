@@ -15,9 +15,13 @@ from sqlalchemy.orm import Session
 
 from ablate.config.axes import AXIS_FIELDS
 from ablate.config.errors import AblateError
-from ablate.store.engine import session_factory
-from ablate.store.schema import OWED_UNSTARTED, Metric, Run, Sweep, utcnow
+from ablate.config.registry import code_parts
 from ablate.config.settings import environment
+from ablate.store.engine import session_factory
+from ablate.store.plugins import PluginRecords
+from ablate.store.plugins import save as save_plugins
+from ablate.store.schema import OWED_UNSTARTED, Metric, PluginSource, Run, Sweep, utcnow
+
 
 def library_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
@@ -59,24 +63,27 @@ def run_code(ablate_code: str | None, trial: Any) -> str | None:
 
     if not trial.code:
         return ablate_code
-    plugins = " ".join(part.split("@", 1)[1] for part in trial.code.split("+"))
+    plugins = " ".join(identity for _, identity in code_parts(trial.code))
     code = " ".join(part for part in (ablate_code, plugins) if part)
     return code if len(code) <= 64 else f"{(ablate_code or '')[:27]} plugins:{fingerprint(trial.code)}".lstrip()
 
 
 def register_sweep(engine: sa.Engine, spec: Any, trials: Iterable[Any], spec_path: str | None = None,
-                   merge: bool = False) -> tuple[int, list[int]]:
+                   merge: bool = False, plugins: PluginRecords = PluginRecords()) -> tuple[int, list[int]]:
     """Insert (or update) the sweep and one pending run per new trial fingerprint, atomically.
 
     Idempotent: trials already registered keep their row and status. Returns (sweep id, run ids in trial order).
     Processes registering the same sweep at the same moment all succeed (the loser of a race retries).
     A spec that would leave results (finished or running runs) of trials it no longer has under its name (a
     modified copy, or an edit of a sweep that has results) is refused unless `merge`: one name, one experiment.
+    `plugins`: the sources and facts of the plugins the trials run (ablate.plugins.stored.records_of(trials)),
+    stored with them; a file plugin's source that is neither given nor stored is refused before anything is written.
     """
     trials = list(trials)
+    _refuse_unstored_sources(engine, trials, plugins)
     for attempt in range(5):
         try:
-            return _register_once(engine, spec, trials, spec_path, merge)
+            return _register_once(engine, spec, trials, spec_path, merge, plugins)
         except sa.exc.IntegrityError:  # another process inserted the sweep or a run first: read theirs
             if attempt == 4:
                 raise
@@ -84,23 +91,36 @@ def register_sweep(engine: sa.Engine, spec: Any, trials: Iterable[Any], spec_pat
     raise AssertionError("unreachable")
 
 
+def _refuse_unstored_sources(engine: sa.Engine, trials: list[Any], plugins: PluginRecords) -> None:
+    """A worker that never saw a plugin file builds it from the source stored here: a run must not name one that
+    is missing (a caller that forgot `plugins=`)."""
+    given = {source.identity for source in plugins.sources}
+    named = {(name, identity) for t in trials for name, identity in code_parts(t.code or "")
+             if identity.startswith("file:") and identity not in given}
+    if not named:
+        return
+    with engine.connect() as conn:
+        have = set(conn.scalars(sa.select(PluginSource.identity).where(
+            PluginSource.identity.in_({identity for _, identity in named}))))
+    missing = sorted(name for name, identity in named if identity not in have)
+    if missing:
+        raise AblateError(f"register_sweep: the trials run plugin {missing[0]!r}, whose source was neither given nor "
+                          "stored; pass plugins=ablate.plugins.stored.records_of(trials)")
+
+
 def _register_once(engine: sa.Engine, spec: Any, trials: list[Any], spec_path: str | None,
-                   merge: bool = False) -> tuple[int, list[int]]:
+                   merge: bool, plugins: PluginRecords) -> tuple[int, list[int]]:
     from ablate.config.trial import fingerprint, trial_fingerprint
 
     versions = library_versions()
     code = code_version()
     configs = [t.model_dump(mode="json") for t in trials]  # each trial dumped once: its fingerprint and row
     fps = [trial_fingerprint(c) for c in configs]
-    from ablate.plugins import recorded, stored
-
-    plugin_sources, plugin_facts = stored.sources_of(trials), recorded.facts_of(trials)
     # an edited plugin is an edited sweep: its code is part of the sweep's identity (built-ins: the spec's alone)
     codes = sorted({t.code for t in trials if t.code})
     spec_fp = fingerprint([spec.fingerprint(), codes]) if codes else spec.fingerprint()
     with session_factory(engine)() as session, session.begin():
-        stored.save(session, plugin_sources)  # before any run names them: a worker may claim one at once
-        recorded.save(session, plugin_facts)  # what readers know of them without running them
+        save_plugins(session, plugins)  # before any run names them: a worker may claim one at once
         sweep = session.scalar(sa.select(Sweep).where(Sweep.name == spec.name))
         if sweep is None:
             sweep = Sweep(name=spec.name)

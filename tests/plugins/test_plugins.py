@@ -149,7 +149,8 @@ def test_a_module_plugin_and_the_public_objective_decorator(tmp_path, monkeypatc
     assert trial.code == f"echo-clm@{entry.source.identity}"
     from ablate.objectives import base
 
-    assert entry.load().loss(trial) is base.next_token_loss  # the defaults: the next-token loss and count
+    # the defaults, where the trainer asks for them: the next-token loss and count
+    assert base.loss_function(trial) is base.next_token_loss and base.target_counter(trial) is base.count_next_tokens
     with pytest.raises(ValueError, match="built for architectures 'mixer', not 'llama'"):
         TrialConfig(**{**trial.model_dump(), "architecture": "llama", "heads": 2, "code": None})
 

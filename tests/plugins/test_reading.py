@@ -18,6 +18,7 @@ import yaml
 from ablate import store
 from ablate.config import TrialConfig, load_trials, parse_spec, registry
 from ablate.config.errors import AblateError
+from ablate.config.identity import file_identity
 from ablate.plugins import load, recorded, stored
 from ablate.store.schema import PluginSource
 from tests.helpers import cli_env
@@ -32,7 +33,7 @@ def registered(tmp_path: Path, url: str, tag: str) -> tuple[sa.Engine, TrialConf
     _, (trial,) = load_trials(path)
     engine = store.connect(url)
     _, (run_id,) = store.register_sweep(engine, parse_spec(yaml.safe_load(path.read_text()), base_dir=tmp_path),
-                                        [trial])
+                                        [trial], plugins=stored.records_of([trial]))
     del registry._FAMILIES["conv-test"]
     load._FILES.clear()
     return engine, trial, run_id
@@ -68,7 +69,29 @@ def test_a_stored_trial_reads_by_its_recorded_facts_and_the_trainer_loads_exactl
     family = registry.check_architecture("conv-test")
     assert family.source.kind == "file" and family.source.identity == identity
     assert family.source.where == str(tmp_path / "conv_plugin.py")  # recorded as registered, run from the copy
-    assert load.file_identity(copy.read_text()) == identity and not recorded.unloaded(ready)
+    assert file_identity(copy.read_text()) == identity and not recorded.unloaded(ready)
+
+
+def test_registering_a_plugin_trial_without_its_source_is_refused_and_writes_nothing(tmp_path, sqlite_url):
+    """The store receives plugin sources from its caller: one that forgot them would leave runs no worker can
+    build, so the registration is refused before any row is written; with the records it stores the source."""
+    write_plugin(tmp_path, tag="forgot-source")
+    path = sweep_file(tmp_path, ["./conv_plugin.py"], architectures=("conv-test",))
+    spec, (trial,) = load_trials(path)
+    engine = store.connect(sqlite_url)
+    with pytest.raises(AblateError, match="plugin 'conv-test', whose source was neither given nor stored"):
+        store.register_sweep(engine, spec, [trial])
+    with engine.connect() as conn:
+        assert conn.scalar(sa.select(sa.func.count()).select_from(store.Sweep)) == 0
+    records = stored.records_of([trial])
+    assert [s.identity for s in records.sources] == [trial.code.split("@", 1)[1]]
+    assert records.facts[("conv-test", records.sources[0].identity)]["kind"] == "architecture"
+    store.register_sweep(engine, spec, [trial], plugins=records)
+    store.register_sweep(engine, spec, [trial])  # stored once: a later registration needs no records
+    with engine.connect() as conn:
+        assert conn.scalar(sa.select(PluginSource.text)) == (tmp_path / "conv_plugin.py").read_text()
+    del registry._FAMILIES["conv-test"]
+    load._FILES.clear()
 
 
 def test_a_tampered_stored_source_is_refused_in_one_line_before_any_of_it_runs(tmp_path, sqlite_url):

@@ -1,4 +1,5 @@
-"""`ablate.architecture` and `ablate.objective`: the public way to register a family or an objective.
+"""`ablate.architecture` and `ablate.objective`: the public way to register a family or an objective, beside the
+registry it fills (the zoo, the objectives and every plugin register through it; it imports nothing above config/).
 
     class Options(BaseModel):
         kernel: int = 4
@@ -14,7 +15,7 @@ The built-ins use the lazy form: `options` and `build` as import paths of a torc
 param_count, inter_token_params, mixing_flops_per_token: models/contract.py's FamilyOptions) and of a model module
 (build), so that planning a built-in never imports torch. An installed package can do the same (see
 examples/plugins/shiftmix-package), so that `ablate plan` on any sweep never imports torch for its sake. Registrations are recorded with the source that
-made them (ablate.plugins.load tells which plugin file is being read; otherwise the builder's module).
+made them (config/identity.py's LOADING tells which plugin file is being read; otherwise the builder's module).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from pydantic import BaseModel, ConfigDict
 
 from ablate.config import registry
 from ablate.config.errors import AblateError
+from ablate.config.identity import LOADING, module_source
 from ablate.config.registry import BUILTIN, Family, ObjectiveEntry, Source
-from ablate.plugins.load import LOADING, module_source
 
 
 def architecture(name: str, *, options: Any, description: str = "", build: Any = None,
@@ -70,8 +71,8 @@ def objective(name: str, *, options: Any = None, architectures: Iterable[str] | 
               next_token: bool = False, unmasked: bool = False, token_targets: bool = True, **declared: Any) -> Any:
     """Register an objective: used as a decorator of `build(trial, vocab_size) -> nn.Module`, or with `build=`.
 
-    loss(trial) -> (model, input_ids, labels) -> (loss sum, counted targets); default: next-token loss.
-    count(trial) -> labels -> number of targets; default: next-token targets. architectures: the families it is
+    loss(trial) -> (model, input_ids, labels) -> (loss sum, counted targets); default (None): next-token loss.
+    count(trial) -> labels -> number of targets; default (None): next-token targets (objectives/base.py). architectures: the families it is
     built for (default every one). next_token: logits at t predict token t + 1 (reports sample from it).
     unmasked: it may use a family's unmasked option. `declared`: check_trial, passes, param_counts (see
     ablate/objectives/__init__.py)."""
@@ -89,8 +90,7 @@ def objective(name: str, *, options: Any = None, architectures: Iterable[str] | 
             Options=_strict(options, "objective", name), UNMASKED=unmasked, TOKEN_TARGETS=token_targets,
             NEXT_TOKEN=next_token, ARCHITECTURES=tuple(architectures) if architectures is not None else None,
             **declared)
-        module = SimpleNamespace(build=fn, loss=loss or _default("next_token_loss"),
-                                 count=count or _default("count_next_tokens"))
+        module = SimpleNamespace(build=fn, loss=loss, count=count)
         registry.add_objective(ObjectiveEntry(name, module, knowledge, description or _first_line(fn),
                                               _source(fn)))
         return fn
@@ -138,9 +138,3 @@ def _path_source(path: str) -> Source:
 
 def _first_line(fn: Any) -> str:
     return ((getattr(fn, "__doc__", None) or "").strip().splitlines() or [""])[0]
-
-
-def _default(name: str) -> Callable[[Any], Any]:
-    def hook(trial: Any) -> Any:  # the built-in objectives' torch helpers (they register through this module)
-        return getattr(importlib.import_module("ablate.objectives.base"), name)
-    return hook
