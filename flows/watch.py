@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from ablate import runner, store
 from ablate.config.errors import AblateError
+from ablate.results.status import status_counts
 from flows.dispatch import DB_LABEL, SWEEP_LABEL
 from flows.dispatch import SETTLED as OWED  # statuses that are not an outcome yet
 
@@ -64,7 +65,7 @@ def _newest_sweep_flow_run(name: str, database: str) -> Any:
 
 def _counts(engine: sa.Engine, name: str) -> dict[str, int]:
     try:
-        return runner.status_counts(engine, name)
+        return status_counts(engine, name)
     except AblateError:  # not registered yet: its sweep flow run has not started
         return {}
 

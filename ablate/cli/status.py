@@ -14,14 +14,15 @@ from rich.table import Table
 from rich.text import Text
 
 from ablate.cli.common import STATUS_ROWS, console
+from ablate.config.axes import AXIS_FIELDS
 
-STATUS_HEADER = ("run", "architecture", "options", "d_model", "layers", "heads", "lr", "batch", "status", "budget",
-                 "steps", "train", "eval", "reason")
-SHORT = {"architecture": "arch", "options": "opts", "d_model": "d", "layers": "L", "heads": "H", "batch": "bs",
-         "budget": "used"}  # the table's headers (the csv keeps STATUS_HEADER)
-LEFT = ("architecture", "options", "status", "reason")
+# a status row's columns, in the order the dashboard shows them too (results/status.py)
+STATUS_HEADER = ("run", "status", "progress", *AXIS_FIELDS, "options", "steps", "train", "eval", "epochs", "reason")
+SHORT = {"progress": "used", "architecture": "arch", "objective": "obj", "options": "opts", "d_model": "d",
+         "layers": "L", "heads": "H", "context": "ctx", "batch_size": "bs"}  # the table's headers (the csv keeps STATUS_HEADER)
+LEFT = ("architecture", "objective", "options", "status", "reason")
 GIVE = ("options", "reason")  # the columns that narrow where the table is too wide: the rest stay whole
-DROPPABLE = ("architecture", "options", "d_model", "layers", "heads", "lr", "batch", "budget")
+DROPPABLE = ("progress", *AXIS_FIELDS, "options", "epochs")  # said once, in the title, when the same in every row
 STYLES = {"completed": "green", "running": "cyan", "oom": "yellow", "diverged": "yellow", "failed": "red",
           "preempted": "magenta"}
 
@@ -87,6 +88,8 @@ def _table_cell(key: str, c: dict[str, Any]) -> Any:
         return "" if key == "options" else "-"
     if key == "lr":
         return f"{value:.3g}"
+    if key == "progress":
+        return f"{value:.0%}"
     if key in ("train", "eval"):
         return f"{value:.3f}"
     return escape(str(value))
@@ -95,7 +98,7 @@ def _table_cell(key: str, c: dict[str, Any]) -> Any:
 def shown_runs(rows: Sequence[Any], limit: int = STATUS_ROWS, total: int | None = None) -> list[Any]:
     """At most `limit` rows, in trial order: every unfinished run that is not waiting (running, failed ...),
     then the latest finished, then the next waiting ones (`total`: the sweep's runs, where `rows` holds only
-    those candidates, runner.status_view)."""
+    those candidates, results.status.status_view)."""
     if (len(rows) if total is None else total) <= limit:
         return list(rows)
     import datetime as dt
@@ -121,45 +124,21 @@ def print_status_csv(rows: Sequence[Any]) -> None:
 
 
 def _status_cells(r: Any) -> dict[str, Any]:
-    """One run's status row as plain values (csv) keyed by column."""
-    pick = lambda final, last: final if final is not None else last  # noqa: E731
-    return {"run": r.id, "architecture": r.architecture,
-            "options": ",".join(f"{k}={v}" for k, v in sorted((r.options or {}).items())), "d_model": r.d_model,
-            "layers": r.layers, "heads": r.heads, "lr": r.lr, "batch": r.batch_size, "status": r.status,
-            "budget": _progress(r), "steps": pick(r.steps, r.last_step),
-            "train": pick(r.final_train_loss, r.last_train_loss), "eval": pick(r.final_eval_loss, r.last_eval_loss),
-            "reason": _reason(r)}
+    """One run's status row as plain values (csv) keyed by column: results.status.status_row, its options as
+    `key=value` text."""
+    from ablate.results.status import status_row
 
-
-def _progress(r: Any) -> str:
-    """How far through its budget a run is (wall-clock budgets), from its row."""
-    if r.budget_kind != "wall_clock" or not r.budget_amount:
-        return "-"
-    if r.status == "completed":
-        return "100%"
-    used = r.train_seconds if r.train_seconds is not None else (r.last_elapsed_seconds or 0.0)
-    return f"{min(used / r.budget_amount, 1):.0%}"
-
-
-def _reason(r: Any) -> str:
-    """The first line of a run's error (why it failed, oom'd or was stopped), or why a `running` row is stale."""
-    from ablate import store
-
-    if r.status == "running" and hasattr(r, "heartbeat_at") and not store.is_live(r):
-        beat = f"{(store.utcnow() - r.heartbeat_at).total_seconds():.0f} s ago" if r.heartbeat_at else "never"
-        return f"stale: its trainer last beat {beat} (machine or process gone); the next runner takes it over"
-    if r.status == "cancelled" and hasattr(r, "pid") and store.trainer_running(r):
-        return (f"cancelling: trainer still running (pid {r.pid} on {(r.claimed_by or '?').partition(':')[0]}); it "
-                "checkpoints and stops, or is killed after its grace")
-    return (r.error or "").strip().splitlines()[0][:120] if (r.error or "").strip() else ""
+    row = status_row(r)
+    return {**row, "options": ",".join(f"{k}={v}" for k, v in row["options"].items())}
 
 
 def sweep_view(engine: Any, name: str) -> Callable[[], Table]:
     """The status table of a running sweep, titled with how many of its runs have finished."""
-    from ablate import runner, store
+    from ablate import store
+    from ablate.results.status import status_view
 
     def render() -> Table:
-        rows, counts = runner.status_view(engine, name, STATUS_ROWS)
+        rows, counts = status_view(engine, name, STATUS_ROWS)
         finished = sum(n for status, n in counts.items() if status in store.FINISHED)
         return runs_table(rows, title=f"sweep {name}: {finished}/{sum(counts.values())} finished", counts=counts)
 
@@ -172,7 +151,7 @@ def watch(render: Callable[[], Table], done: Any, engine: Any, name: str) -> Non
 
     from rich.live import Live
 
-    from ablate import runner
+    from ablate.results.status import status_counts
 
     if console.is_terminal:
         with Live(render(), console=console, refresh_per_second=2) as live:
@@ -182,7 +161,7 @@ def watch(render: Callable[[], Table], done: Any, engine: Any, name: str) -> Non
         return
     last = ""
     while not done.wait(5.0):
-        line = ", ".join(f"{n} {status}" for status, n in runner.status_counts(engine, name).items())
+        line = ", ".join(f"{n} {status}" for status, n in status_counts(engine, name).items())
         if line != last:
             console.print(f"[{time.strftime('%H:%M:%S')}] {line}")
             last = line

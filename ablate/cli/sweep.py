@@ -53,15 +53,16 @@ def register(spec: str, max_trials: int, merge: bool, db: str | None, **params: 
               help="table or csv (default: a table on a terminal, csv (every run) when piped)")
 @db_option()
 def status(name: str, all_: bool, fmt: str | None, db: str | None) -> int:
-    from ablate import runner, store
+    from ablate import store
+    from ablate.results.status import status_rows, status_view
 
     engine = store.reader(db)  # reading: never creates or migrates a database
     if (fmt or ("table" if console.is_terminal else "csv")) == "csv":
-        print_status_csv(runner.status_rows(engine, name))
+        print_status_csv(status_rows(engine, name))
     elif all_:
-        console.print(runs_table(runner.status_rows(engine, name), title=f"sweep {name}", limit=None))
+        console.print(runs_table(status_rows(engine, name), title=f"sweep {name}", limit=None))
     else:  # the rows it shows and the counts: not every run of a 100,000-run sweep
-        rows, counts = runner.status_view(engine, name, STATUS_ROWS)
+        rows, counts = status_view(engine, name, STATUS_ROWS)
         console.print(runs_table(rows, title=f"sweep {name}", counts=counts))
     return 0
 
@@ -180,6 +181,7 @@ def _run_flow(flow_params: dict[str, Any], engine: Any, name: str, resume: str) 
     import threading
 
     from ablate import runner
+    from ablate.results.status import status_counts
     from flows.sweep import sweep  # Prefect is imported here, in the main thread, as before the flow's thread
 
     done = threading.Event()
@@ -199,7 +201,7 @@ def _run_flow(flow_params: dict[str, Any], engine: Any, name: str, resume: str) 
     worker.join()
     if "error" in result:
         raise _prefect_start_failure(result["error"]) or result["error"]
-    counts = runner.status_counts(engine, name)
+    counts = status_counts(engine, name)
     console.print(f"sweep {name}: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
     unfinished = {status: counts[status] for status in UNFINISHED_EXIT if counts.get(status)}
     if unfinished:  # `sweep run && ablate report` must not go on as if every run it owed had finished

@@ -82,7 +82,8 @@ READING_ONLY = ("min_steps", "at", "group")  # report fields that change how run
 
 class ReportBlock(Frozen):
     tables: tuple[TableSpec, ...] = (TableSpec(),)
-    curves: tuple[Literal["hours", "tokens", "steps"], ...] = ("hours", "tokens")
+    # the figures' x axes: the x kinds of `at` and the dashboard (seconds are drawn in hours, minutes or seconds)
+    curves: tuple[Literal["seconds", "tokens", "steps", "flops"], ...] = ("seconds", "tokens")
     kind: Literal["loss", "memory"] = "loss"
     prompt: str | None = None
     orderings: tuple[Ordering, ...] = ()
@@ -93,6 +94,14 @@ class ReportBlock(Frozen):
     at: dict[Literal["flops", "tokens", "seconds", "steps"], Real | str] | None = None
     # one table (and figure) whose columns are these axes' combinations, every other axis averaged
     group: tuple[str, ...] | None = Field(default=None, min_length=1)
+
+    @field_validator("curves", mode="before")
+    @classmethod
+    def _seconds_were_hours(cls, value: Any) -> Any:
+        """`hours`, the x axis's name before it was one with the dashboard's: a stored sweep still reads."""
+        if isinstance(value, (list, tuple)):
+            return tuple("seconds" if v == "hours" else v for v in value)
+        return value
 
     @field_validator("at")
     @classmethod
@@ -260,6 +269,8 @@ class SweepSpec(Frozen):
                     del stage[key]
         for key in READING_ONLY:  # how a report reads the runs is not the sweep's identity
             data["report"].pop(key, None)
+        # spelled as before the x kinds had one name (seconds were `hours`): a sweep keeps its identity
+        data["report"]["curves"] = ["hours" if x == "seconds" else x for x in data["report"]["curves"]]
         if not data["report"]["orderings"]:  # as do sweeps that check no published ordering
             del data["report"]["orderings"]
         if data["recipe"] == "modern":  # and sweeps on the project's own recipe

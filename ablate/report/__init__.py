@@ -23,7 +23,7 @@ from ablate.report.curves import (
     MAX_CURVES,
     POINT_COLUMNS,
     POINTS_AS_TEXT,
-    X_COLUMN,
+    X_LABELS,
     Curve,
     CurvePlan,
     draw_curves,
@@ -41,7 +41,7 @@ from ablate.results.views import RunView, load_views
 
 __all__ = [
     "AGGREGATE_CHUNK", "IN_CHUNK", "MAX_COMPLETIONS", "MAX_CURVES", "POINT_COLUMNS", "POINTS_AS_TEXT", "UNFINISHED",
-    "X_COLUMN", "Curve", "CurvePlan", "Report", "RunView", "Table", "build_comparison", "build_report",
+    "X_LABELS", "Curve", "CurvePlan", "Report", "RunView", "Table", "build_comparison", "build_report",
     "check_orderings", "draw_curves", "layout_tables", "load_views", "metric_points", "plan_curves", "prompt_completions",
     "recipe_lines", "render_html", "render_markdown", "run_notes", "run_points", "time_unit", "write_curve_points",
 ]

@@ -14,6 +14,8 @@ import sqlalchemy as sa
 
 from ablate.report.tables import Table, _completed
 from ablate.report.views import RunView, _label, _varying
+from ablate.results.bands import mean_band
+from ablate.results.equal import x_of
 from ablate.results.points import metric_points, run_points
 
 
@@ -117,31 +119,15 @@ def _write_points_as_text(engine: sa.Engine, run: dict[int, tuple[str, Any]], f:
         conn.rollback()
 
 
-X_COLUMN = {"hours": 0, "tokens": 1, "steps": 2}  # of a run's points array: elapsed_seconds, tokens, step, loss
+X_LABELS = {"seconds": "training wall clock ({unit})", "tokens": "tokens seen", "steps": "steps",
+            "flops": "training FLOPs"}  # the x kinds of the dashboard and of `at` (results/equal.py's x_of)
 
 
-def _seed_band(series: list[Any]) -> tuple[Any, Any, Any, Any]:
-    """(x, mean, min, max) of the k-th logged point over the seeds that reached it (seeds log at the same
-    fractions of the budget, so their k-th points line up); `series`: one (n, 2) array of (x, loss) per seed."""
-    import numpy as np
-
-    longest = max((len(s) for s in series), default=0)
-    values = np.zeros((len(series), longest, 2))
-    reached = np.zeros((len(series), longest), dtype=bool)
-    for i, s in enumerate(series):
-        values[i, :len(s)] = s
-        reached[i, :len(s)] = True
-    count = reached.sum(axis=0)
-    mean = np.where(reached[..., None], values, 0.0).sum(axis=0) / count[:, None]  # a NaN loss stays NaN, as in fmean
-    loss = values[..., 1]
-    return (mean[:, 0], mean[:, 1], np.where(reached, loss, np.inf).min(axis=0),
-            np.where(reached, loss, -np.inf).max(axis=0))
-
-
-def draw_curves(engine: sa.Engine, table: Table, x_axes: tuple[str, ...] = ("hours", "tokens"),
+def draw_curves(engine: sa.Engine, table: Table, x_axes: tuple[str, ...] = ("seconds", "tokens"),
                 plan: CurvePlan | None = None):
     """One figure per table: rows train / eval loss, columns the x axes; each panel draws the plan's curves
-    (one line per run in a table of up to MAX_CURVES runs)."""
+    (one line per run in a table of up to MAX_CURVES runs; past it a configuration's seed mean and min–max band,
+    results/bands.py, as the dashboard draws them). Wall-clock seconds are drawn in hours, minutes or seconds."""
     import matplotlib
     import numpy as np
 
@@ -160,19 +146,20 @@ def draw_curves(engine: sa.Engine, table: Table, x_axes: tuple[str, ...] = ("hou
     for i, split in enumerate(("train", "eval")):
         for j, x in enumerate(x_axes):
             ax = axes[i][j]
-            scale = per if x == "hours" else 1.0
+            scale = per if x == "seconds" else 1.0
             for curve in plan.curves:
-                series = [points.get((r.row.id, split), none)[:, [X_COLUMN[x], 3]] / (scale, 1.0) for r in curve.runs]
+                series = [_series(points.get((r.row.id, split), none), x, r, scale) for r in curve.runs]
                 style = dict(marker="o" if split == "eval" else None, markersize=3, linewidth=1.4, label=curve.label,
                              gid=f"{curve.gid}-{split}-{x}")
-                if not plan.is_aggregate:
-                    ax.plot(series[0][:, 0], series[0][:, 1], **style)
+                band = mean_band(series) if plan.is_aggregate else None
+                if band is None:  # one run, or seeds that share no range: the first as logged
+                    ax.plot(*series[0], **style)
                     continue
-                xs, mean, low, high = _seed_band(series)
+                xs, mean, low, high = band
                 (line,) = ax.plot(xs, mean, **style)
                 ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-            ax.set_xlabel({"hours": f"training wall clock ({unit})", "tokens": "tokens seen", "steps": "steps"}[x])
-            if x == "tokens":  # 350k, not 350000
+            ax.set_xlabel(X_LABELS[x].format(unit=unit))
+            if x in ("tokens", "flops"):  # 350k, not 350000
                 ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: short_count(value) if value else "0"))
             ax.set_ylabel(f"{split} loss (nats)")
             ax.grid(alpha=0.3)
@@ -182,6 +169,15 @@ def draw_curves(engine: sa.Engine, table: Table, x_axes: tuple[str, ...] = ("hou
     fig.suptitle(table.title)
     fig.tight_layout()
     return fig
+
+
+def _series(points: Any, x: str, run: RunView, scale: float) -> tuple[Any, Any]:
+    """(x, loss) of a run's points (rows elapsed_seconds, tokens, step, loss) in kind `x`; none in FLOPs for a run
+    that recorded no FLOPs per token."""
+    xs = x_of(x, points, getattr(run.row, "flops_per_token", None))
+    if xs is None:
+        return points[:0, 0], points[:0, 3]
+    return xs / scale, points[:, 3]
 
 
 def time_unit(longest_seconds: float) -> tuple[str, float]:

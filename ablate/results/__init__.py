@@ -11,6 +11,8 @@
     orderings.py the study's orderings tested on the runs (check_claims), the noise floor
     equal.py     runs read at an equal budget of another kind (flops, tokens, seconds, steps) on their curves
     points.py    runs' metric points, read in chunks (rows, or one array per run and split)
+    status.py    a sweep's runs as status rows: one row, column order, progress and reason for the terminal
+                 and the dashboard (live.py: the dashboard's sweeps, rows, change tokens and curves)
     scaling.py   L(x) = E + A·x^-α fitted with bootstrap intervals, crossovers; laws.py: per architecture
 
 `from ablate import results; results.runs("smoke")` is the notebook's entry point.

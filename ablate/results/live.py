@@ -1,6 +1,7 @@
 """What a live view of the results DB reads (the web dashboard, `ablate ui`): every sweep with its counts, a sweep's
 runs as light rows (row columns and stored options only: no trial config is validated, so 10,000 runs stay cheap),
-a change token that moves whenever a run's status or latest point does, and curves downsampled on this side.
+a change token that moves whenever a run's status or latest point does, and curves downsampled on this side (their
+seed means and bands: results/bands.py, as the report draws them; the rows: results/status.py, as the terminal).
 
 Everything here reads; nothing writes. The statistics (cells, orderings, verdicts) are not recomputed here: the
 dashboard asks `results.orderings` and the report's tables, the one code path the report uses too.
@@ -18,15 +19,12 @@ from ablate import store
 from ablate.config.axes import AXIS_FIELDS
 from ablate.config.errors import AblateError
 from ablate.config.trial import fields_that_differ
+from ablate.results.bands import MAX_POINTS, thin
 from ablate.results.equal import x_of
 from ablate.results.points import run_points
+from ablate.results.status import FIRST, RUN_COLUMNS, status_row
 
 X_KINDS = ("steps", "tokens", "seconds", "flops")
-MAX_POINTS = 200  # points per curve sent to a browser, whatever a run logged
-ROW_COLUMNS = ("id", "trial_index", "status", "architecture", "objective", "options", "d_model", "layers", "heads",
-               "context", "lr", "batch_size", "seed", "budget_kind", "budget_amount", "train_seconds", "steps",
-               "last_step", "last_elapsed_seconds", "final_train_loss", "last_train_loss", "final_eval_loss",
-               "last_eval_loss", "epochs", "params", "flops_per_token", "error", "finished_at")
 
 
 def sweep_summaries(engine: sa.Engine) -> list[dict[str, Any]]:
@@ -81,7 +79,7 @@ def run_rows(engine: sa.Engine, sweep_id: int) -> list[dict[str, Any]]:
     configurations apart), status, progress, the latest losses, epochs and the first line of an error."""
     r = store.Run
     with engine.connect() as conn:
-        rows = conn.execute(sa.select(*(getattr(r, c) for c in ROW_COLUMNS), r.config).where(r.sweep_id == sweep_id)
+        rows = conn.execute(sa.select(*(getattr(r, c) for c in RUN_COLUMNS), r.config).where(r.sweep_id == sweep_id)
                             .order_by(r.trial_index)).all()
     out = [_flat(row) for row in rows]
     varying, flats = fields_that_differ([row.config for row in rows], skip=("seed", "options", "objective_options"))
@@ -92,27 +90,12 @@ def run_rows(engine: sa.Engine, sweep_id: int) -> list[dict[str, Any]]:
 
 
 def _flat(row: Any) -> dict[str, Any]:
-    pick = lambda final, last: final if final is not None else last  # noqa: E731
-    out: dict[str, Any] = {"run": row.id, "status": row.status}
-    out.update({k: getattr(row, k) for k in AXIS_FIELDS})
-    out.update({f"options.{k}": v for k, v in sorted((row.options or {}).items())})
-    out.update({"progress": _progress(row), "steps": pick(row.steps, row.last_step),
-                "train": pick(row.final_train_loss, row.last_train_loss),
-                "eval": pick(row.final_eval_loss, row.last_eval_loss),
-                "epochs": None if row.epochs is None else round(row.epochs, 3),
-                "reason": (row.error or "").strip().splitlines()[0][:200] if (row.error or "").strip() else ""})
-    return out
-
-
-def _progress(row: Any) -> float | None:
-    """The fraction of its budget a run has used: 1 when finished, from its clock or steps while it trains."""
-    if row.status in store.FINISHED:
-        return 1.0
-    if not row.budget_amount:
-        return None
-    used = {"wall_clock": row.train_seconds if row.train_seconds is not None else row.last_elapsed_seconds,
-            "steps": row.last_step}.get(row.budget_kind)
-    return None if used is None else round(min(used / row.budget_amount, 1.0), 4)
+    """A run's status row (results/status.py), its options as `options.KEY` columns."""
+    out = status_row(row)
+    options = out.pop("options")
+    at = list(out).index(FIRST[-1]) + 1 + len(AXIS_FIELDS)  # after the axes, as the terminal shows them
+    items = list(out.items())
+    return dict(items[:at] + [(f"options.{k}", v) for k, v in options.items()] + items[at:])
 
 
 def curves(engine: sa.Engine, run_ids: Sequence[int], x: str = "steps", split: str = "eval",
@@ -135,39 +118,4 @@ def curves(engine: sa.Engine, run_ids: Sequence[int], x: str = "steps", split: s
             continue
         keep = thin(len(xs), max_points)
         out[run_id] = (xs[keep].tolist(), points[keep, 3].tolist())
-    return out
-
-
-def thin(n: int, max_points: int) -> Any:
-    """Indices of at most `max_points` of n points: evenly spaced, the first and the last always among them."""
-    import numpy as np
-
-    if n <= max_points:
-        return np.arange(n)
-    return np.unique(np.linspace(0, n - 1, max_points).round().astype(int))
-
-
-def group_curves(series: dict[int, tuple[list[float], list[float]]], groups: dict[str, list[int]],
-                 max_points: int = MAX_POINTS) -> list[dict[str, Any]]:
-    """One curve per group of runs (seeds, or every axis not grouped by): the mean over its runs on a common x (the
-    range every run reached, `max_points` even steps, each run interpolated linearly), with the min and max as a
-    band; a group of one run is that run's curve as logged."""
-    import numpy as np
-
-    out = []
-    for label, ids in groups.items():
-        have = [series[i] for i in ids if i in series and len(series[i][0])]
-        if not have:
-            continue
-        if len(have) == 1:
-            out.append({"label": label, "runs": ids, "x": have[0][0], "mean": have[0][1], "low": None, "high": None})
-            continue
-        lo, hi = max(min(xs) for xs, _ in have), min(max(xs) for xs, _ in have)
-        if hi <= lo:  # no common range (a run with one point): the first run's curve
-            out.append({"label": label, "runs": ids, "x": have[0][0], "mean": have[0][1], "low": None, "high": None})
-            continue
-        grid = np.linspace(lo, hi, min(max_points, max(len(xs) for xs, _ in have)))
-        ys = np.array([np.interp(grid, xs, vals) for xs, vals in have])
-        out.append({"label": label + f" (n={len(have)})", "runs": ids, "x": grid.tolist(), "mean": ys.mean(0).tolist(),
-                    "low": ys.min(0).tolist(), "high": ys.max(0).tolist()})
     return out

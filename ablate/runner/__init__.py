@@ -4,7 +4,7 @@ host.py         facts about this host: its cores and how busy they are, its GPUs
                 its name and trial queue in a cluster's pools, the results DB a dispatched trial must find here
 launch.py       LaunchOptions and trainer_command: what a trial's trainer is started with
 trials.py       run_trial (claim, start, watch, classify), STOP, runs_to_do, uncancel, cancel
-sweep.py        register and prepare_data (token caches first), Registration, sweep_id/sweep_runs, the status table's rows and counts
+sweep.py        register and prepare_data (token caches first), Registration, sweep_id/sweep_runs
 warm.py         the warm helper that forks trainers with torch already imported (started as `python -m ablate.runner.warm`)
 localserver.py  the local Prefect API server of `ablate sweep run`, stopped when its parent goes
 bundle.py       `ablate bundle`: the wheels that take ablate onto an offline node, beside the node's own torch
@@ -17,19 +17,12 @@ from ablate.runner.host import (busy_cores, cluster_db_url, default_threads, hos
 from ablate.runner.launch import LaunchOptions, trainer_command
 from ablate.runner.trials import (CLAIMABLE, MAX_ATTEMPTS, STOP, STOP_GRACE_SECONDS, TERMINAL, cancel, classify,
                                run_trial, runs_to_do, start_trainer, uncancel)
-from ablate.runner.sweep import (STATUS_COLUMNS, Registration, check_sources, distinct_data, prepare_data, register,
-                              status_counts, status_rows, status_view, sweep_id, sweep_runs)
+from ablate.runner.sweep import (Registration, check_sources, distinct_data, prepare_data, register, sweep_id,
+                              sweep_runs)
 
-__all__ = ["CLAIMABLE", "MAX_ATTEMPTS", "STATUS_COLUMNS", "STOP", "STOP_GRACE_SECONDS", "TERMINAL", "LaunchOptions",
+__all__ = ["CLAIMABLE", "MAX_ATTEMPTS", "STOP", "STOP_GRACE_SECONDS", "TERMINAL", "LaunchOptions",
            "Registration", "busy_cores", "cancel", "check_sources", "classify", "cluster_db_url", "default_threads",
            "distinct_data", "host_cores", "host_queue", "pid_alive", "prepare_data", "register", "run_trial",
-           "runs_to_do", "start_trainer", "status_counts", "status_rows", "status_view", "sweep_id", "sweep_runs",
+           "runs_to_do", "start_trainer", "sweep_id", "sweep_runs",
            "trainer_command", "uncancel", "visible_gpus", "worker_host"]
 
-
-def __getattr__(name: str) -> object:
-    if name == "RunOptions":  # LaunchOptions' old name, for one release (it warns)
-        from ablate.runner import launch
-
-        return launch.RunOptions
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,10 +58,3 @@ def trainer_command(trial: TrialConfig, run_id: int, opts: LaunchOptions) -> lis
                 f"--nproc_per_node={trial.budget.gpus}", *args]
     return [sys.executable, *args]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "RunOptions":  # the old name, kept for one release
-        warnings.warn("ablate.runner.RunOptions is now LaunchOptions: import that; the old name is removed after one "
-                      "release", DeprecationWarning, stacklevel=2)
-        return LaunchOptions
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

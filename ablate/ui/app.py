@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from ablate import store
 from ablate.config.errors import AblateError
 from ablate.results import live, searches
+from ablate.results.bands import group_curves
 from ablate.ui import table
 
 HERE = Path(__file__).parent
@@ -133,7 +134,7 @@ class Dashboard:
         if any(len(ids) > each for ids in shown.values()):
             notes.append(f"a curve averages at most {each:,} runs, the first in the table's order "
                          f"({sum(map(len, read.values())):,} of {sum(map(len, shown.values())):,} runs read)")
-        return {"series": live.group_curves(series, read), "note": "; ".join(notes), "token": now, "x": x, "y": y}
+        return {"series": group_curves(series, read), "note": "; ".join(notes), "token": now, "x": x, "y": y}
 
     def study(self, sweep: str) -> dict[str, Any]:
         row = live.sweep_row(self.engine, sweep)

@@ -8,10 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ablate.config.errors import AblateError
+from ablate.results.status import FIRST, LAST  # a status row's columns before and after the axes
 from ablate.results.views import _sort_key
 
-FIRST = ("run", "status", "progress")  # before the axes
-LAST = ("steps", "train", "eval", "epochs", "reason")  # after them
 OPS = ("!=", ">=", "<=", "=", ">", "<")
 _TERM = re.compile(r"^([A-Za-z_][\w.]*)\s*(!=|>=|<=|=|>|<)(.*)$")
 

@@ -17,11 +17,12 @@ CRASH = "trainer exited with code 1: CUDA error: an illegal memory access was en
 
 def _run(rid: int, architecture: str, d_model: int, heads: int | None, status: str, step: int | None = None,
          train: float | None = None, eval_: float | None = None, error: str | None = None) -> SimpleNamespace:
-    """A run row as runner.status_rows gives it: one sweep's axes (layers, lr, batch fixed), its latest points."""
+    """A run row as results.status.status_rows gives it: one sweep's axes (layers, lr, batch fixed), its latest
+    points."""
     done = status == "completed"
     return SimpleNamespace(
-        id=rid, architecture=architecture, options={}, d_model=d_model, layers=2, heads=heads, lr=0.003,
-        batch_size=16, status=status, budget_kind="steps", budget_amount=2000, train_seconds=None,
+        id=rid, architecture=architecture, objective="clm", options={}, d_model=d_model, layers=2, heads=heads,
+        context=256, lr=0.003, batch_size=16, seed=0, epochs=None, status=status, budget_kind="steps", budget_amount=2000, train_seconds=None,
         last_elapsed_seconds=None, steps=step if done else None, last_step=step,
         final_train_loss=train if done else None, last_train_loss=train, final_eval_loss=eval_ if done else None,
         last_eval_loss=eval_, error=error, finished_at=None)
@@ -48,13 +49,16 @@ def test_the_runs_table_reads_whole_in_80_columns():
         assert status in text, text
     for value in ("2000", "1350", "120", "2.431", "2.512", "2.201", "2.341", "5.123"):
         assert value in text, text  # steps and losses whole, never cut
-    assert "trainer exited with code 1" in text and "out of memory: tried" in text, text  # the reason's start
+    assert "trainer exited with" in text and "out of memory: tried" in text, text  # the reason's start
     assert "…" not in "".join(line[:-30] for line in lines), text  # only the reason, at the right, gives way
-    header = lines[1].split()
-    assert header[:4] == ["run", "arch", "d", "H"] and header[-4:] == ["steps", "train", "eval", "reason"], header
+    header = lines[2].split()  # the dashboard's order: run, status, progress, the axes, then steps to reason
+    assert header[:6] == ["run", "status", "used", "arch", "d", "H"], header
+    assert header[-4:] == ["steps", "train", "eval", "reason"], header
     assert "mixer" in text and "llama" in text and "512" in text  # the varying axes stay
-    assert "layers=2 lr=0.003 batch=16" in lines[0], text  # the same in every row: said once, in the title
-    assert "budget" not in text and "options" not in text  # blank in every row: left out, unsaid
+    title = " ".join(lines[:2])  # the same in every row: said once, in the title
+    assert "layers=2" in title and "lr=0.003 batch_size=16 seed=0" in title, text
+    assert " 68% " in text and "100%" in text  # the budget used: 1350 of 2000 steps
+    assert "options" not in text and "opts" not in header  # blank in every row: left out, unsaid
     assert "1 completed, 1 failed, 1 oom, 1 pending, 1 running" in text
 
 
@@ -62,10 +66,12 @@ def test_a_column_that_varies_stays_and_a_wide_terminal_shows_the_whole_reason()
     rows = [*ROWS[:2], _run(1046, "mixer", 512, None, "completed", 2000, 2.1, 2.2)]
     rows[2].lr = 0.001
     text = _rendered(runs_table(rows), width=160)
-    title, header = text.splitlines()[:2]
-    assert header.split() == ["run", "d", "lr", "status", "steps", "train", "eval", "reason"], text
-    assert "0.003" in text and "0.001" in text and title.strip() == "architecture=mixer layers=2 batch=16", text
-    text = _rendered(runs_table(ROWS), width=160)
+    lines = text.splitlines()
+    assert lines[2].split() == ["run", "status", "used", "d", "lr", "steps", "train", "eval", "reason"], text
+    assert "0.003" in text and "0.001" in text
+    assert " ".join(lines[:2]).split() == ["architecture=mixer", "objective=clm", "layers=2", "context=256",
+                                           "batch_size=16", "seed=0"], text
+    text = _rendered(runs_table(ROWS), width=170)  # 108 characters of reason beside the 10 columns
     assert OOM in text and CRASH.splitlines()[0] in text
 
 
@@ -73,6 +79,7 @@ def test_the_csv_keeps_every_column(capsys):
     print_status_csv(ROWS)
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert tuple(rows[0]) == STATUS_HEADER and len(rows) == len(ROWS)
-    assert rows[0]["layers"] == "2" and rows[0]["lr"] == "0.003" and rows[0]["batch"] == "16"
+    assert rows[0]["layers"] == "2" and rows[0]["lr"] == "0.003" and rows[0]["batch_size"] == "16"
+    assert rows[0]["progress"] == "1.0" and rows[1]["progress"] == "0.675" and rows[4]["progress"] == ""
     assert rows[0]["architecture"] == "mixer" and rows[0]["options"] == "" and rows[0]["heads"] == ""
-    assert rows[3]["reason"] == OOM and rows[2]["reason"] == CRASH.splitlines()[0][:120]
+    assert rows[3]["reason"] == OOM and rows[2]["reason"] == CRASH.splitlines()[0][:200]

@@ -89,6 +89,18 @@ def test_changing_a_field_changes_the_fingerprint():
     assert t1.fingerprint() != t2.fingerprint()
 
 
+def test_the_curves_x_axis_is_seconds_as_on_the_dashboard_and_hours_still_reads_with_the_same_identity():
+    """`report.curves` names the x kinds of `at` and the dashboard; `hours`, its name before, reads as seconds,
+    and a sweep keeps the fingerprint it was registered with (the smoke sweep's, as main had it before)."""
+    old = parse_spec(spec_with(report={"curves": ["hours", "steps"]}))
+    new = parse_spec(spec_with(report={"curves": ["seconds", "steps"]}))
+    assert old.report.curves == new.report.curves == ("seconds", "steps")
+    assert old.fingerprint() == new.fingerprint() != parse_spec(spec_with(report={"curves": ["flops"]})).fingerprint()
+    assert load_spec(REPO / "sweeps" / "smoke.yaml").fingerprint() == "8ba1521712f88537"  # registered DBs match it
+    with pytest.raises(SpecError, match="curves"):
+        parse_spec(spec_with(report={"curves": ["minutes"]}))
+
+
 def test_budget_parsing():
     assert parse_duration("12h") == 43200
     assert parse_duration("2h15m") == 8100

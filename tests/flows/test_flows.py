@@ -312,10 +312,10 @@ def test_launch_options_are_the_flows_parameters_and_the_trainers_argv(tmp_path)
     assert (plain.checkpoint_every, plain.memory_cap_mb, plain.threads, plain.quiet) == (None, None, None, False)
 
 
-def test_run_options_is_the_old_name_of_launch_options_for_one_release():
-    with pytest.warns(DeprecationWarning, match="now LaunchOptions"):
-        from ablate.runner import RunOptions
-    assert RunOptions is runner.LaunchOptions
+def test_run_options_the_old_name_of_launch_options_is_gone():
+    """Version 0.1.0 was never released: the old name is not kept (as the old top-level paths are not)."""
+    with pytest.raises(ImportError):
+        from ablate.runner import RunOptions  # noqa: F401
 
 
 def test_docker_compose_names_only_things_that_exist():

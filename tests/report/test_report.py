@@ -100,7 +100,7 @@ def test_every_run_is_one_line_in_each_panel_of_the_curves(filled):
                     pts = conn.execute(sa.select(store.Metric).where(store.Metric.run_id == int(rid), store.Metric.split == split)
                                        .order_by(store.Metric.step)).all()
                 assert list(line.get_ydata()) == [p.loss for p in pts]
-                expected_x = [p.elapsed_seconds if x == "hours" else p.tokens for p in pts]  # seconds: short runs
+                expected_x = [p.elapsed_seconds if x == "seconds" else p.tokens for p in pts]  # drawn in seconds: short runs
                 assert list(line.get_xdata()) == pytest.approx(expected_x)
 
 

@@ -94,7 +94,7 @@ def test_the_figure_of_a_big_table_draws_seed_means_of_the_lowest_test_losses(bi
         configs.setdefault((v.axes["d_model"], v.axes["lr"], v.axes["layers"]), []).append(v)
     assert all(len(members) == 10 for members in configs.values())
     best = sorted(configs.values(), key=lambda m: statistics.fmean(v.row.final_eval_loss for v in m))[:MAX_CURVES]
-    eval_panel = fig.axes[len(spec.report.curves)]  # row 2 (eval), column 1 (hours)
+    eval_panel = fig.axes[len(spec.report.curves)]  # row 2 (eval), column 1 (seconds)
     lines = {line.get_gid().split("-")[1]: line for line in curve_lines(eval_panel)}
     for rank, members in enumerate(best):
         line = lines[str(rank)]

@@ -15,6 +15,7 @@ from sqlalchemy import event
 
 from ablate import runner, store
 from ablate.cli import STATUS_ROWS, main, runs_table
+from ablate.results.status import status_rows, status_view
 from tests.helpers import cli_env, grid_spec
 from tests.waiting import patience
 
@@ -82,7 +83,7 @@ def test_the_run_row_keeps_the_latest_points_and_status_never_reads_the_metrics(
     assert run.last_train_loss == pytest.approx(4.3) and run.last_eval_loss == pytest.approx(3.9)
     reader = store.reader(db_url)
     with Statements(reader) as seen:
-        rows = runner.status_rows(reader, "big")
+        rows = status_rows(reader, "big")
         table = runs_table(rows)
     assert not [s for s in seen if "metrics" in s.lower()], seen
     assert len(table.rows) == 3
@@ -119,7 +120,7 @@ def test_migration_0006_fills_the_latest_points_of_existing_runs(tmp_path, db_ur
         first = conn.execute(sa.select(runs.c.id).order_by(runs.c.id)).scalars().first()
         conn.execute(sa.insert(store.Metric.__table__), [dict(p, run_id=first) for p in points(4) + points(2, "eval")])
     store.upgrade_schema(engine)
-    rows = {r.id: r for r in runner.status_rows(engine, "old")}
+    rows = {r.id: r for r in status_rows(engine, "old")}
     assert (rows[first].last_step, rows[first].last_train_loss, rows[first].last_eval_loss) == (40, pytest.approx(4.7),
                                                                                                 pytest.approx(4.9))
     assert all(r.last_step is None for rid, r in rows.items() if rid != first)
@@ -135,7 +136,7 @@ def test_a_big_status_table_shows_the_unfinished_and_latest_runs_and_counts_the_
     store.update_run(engine, ids[100], status="oom")  # finished without a finish time (an older row): still sortable
     store.update_run(engine, ids[-1], status="running")
     store.update_run(engine, ids[-2], status="failed", error="trainer exited with code 1:\nTraceback ...")
-    rows = runner.status_rows(engine, "big")
+    rows = status_rows(engine, "big")
     table = runs_table(rows)
     shown = [int(c) for c in table.columns[0]._cells]
     assert len(shown) == STATUS_ROWS and ids[-1] in shown and ids[-2] in shown and shown == sorted(shown)
@@ -143,7 +144,7 @@ def test_a_big_status_table_shows_the_unfinished_and_latest_runs_and_counts_the_
     assert f"showing {STATUS_ROWS} of {len(ids)} runs" in table.caption and "100 completed" in table.caption
     assert len(runs_table(rows, limit=None).rows) == len(ids)
     # `sweep status` reads only the candidates (at most 3 x STATUS_ROWS rows, however big the sweep): the same table
-    few, counts = runner.status_view(engine, "big", STATUS_ROWS)
+    few, counts = status_view(engine, "big", STATUS_ROWS)
     assert len(few) < len(ids) and counts == {"completed": 100, "oom": 1, "running": 1, "failed": 1, "pending": 247}
     again = runs_table(few, counts=counts)
     assert [c._cells for c in again.columns] == [c._cells for c in table.columns] and again.caption == table.caption
