@@ -1,7 +1,7 @@
 """The sweep flow on a cluster: each owed run becomes a flow run of deployment `trial/<hardware>`, and this
 module watches them until every run has an outcome.
 
-What a cluster does to trials, and what happens here (every `POLL_SECONDS`):
+What a cluster does to trials, and what happens here (every ABLATE_DISPATCH_POLL_SECONDS):
 - a pool with no live worker: a warning in the sweep's log within seconds (and every minute while trials wait);
 - a machine that dies mid-trial: its trial flow run stays Running in Prefect, holding a pool slot, while the
   run's heartbeat (`runs.heartbeat_at`, beaten by the trainer) goes stale. The flow run is set Crashed, which
@@ -18,7 +18,7 @@ What a cluster does to trials, and what happens here (every `POLL_SECONDS`):
   the flow run carries the sweep's name and database as labels); after a server restart long enough that
   Prefect's cancellation observer gave up, this process finds itself Cancelling and does it (CANCEL_CHECK_SECONDS);
 - the Prefect API unreachable (a server restart): every call is retried with backoff for up to
-  `API_OUTAGE_SECONDS` while the trainers go on (the log says when it went away and when it is back; the pool's
+  ABLATE_API_OUTAGE_SECONDS while the trainers go on (the log says when it went away and when it is back; the pool's
   workers are checked again only WORKER_CHECK_SECONDS later, once they have beaten); a trial flow run whose
   process ended meanwhile stays Running in Prefect, so a run whose row has its outcome is taken from the row (its
   flow run marked Crashed once that is older than the stale limit, freeing the slot);
@@ -40,8 +40,6 @@ from ablate.config.errors import AblateError
 from ablate.config.settings import environment
 from flows.hosts import first_error, redispatch_queue
 
-POLL_SECONDS = environment().dispatch_poll_seconds
-API_OUTAGE_SECONDS = environment().api_outage_seconds  # a Prefect server restart ridden out
 SETTLED = ("pending", "preempted", "running")  # row statuses that are not an outcome yet
 WORKER_CHECK_SECONDS = 60.0  # how often a sweep whose trials wait re-checks that their pool has a live worker
 API_BACK_AT = float("-inf")  # when the Prefect API last came back after an outage (time.monotonic)
@@ -105,7 +103,7 @@ def dispatch_to_pool(hardware: str, todo: list[int], opts: runner.LaunchOptions,
         next_cancel_check = time.monotonic() + CANCEL_CHECK_SECONDS
         try:
             while live:
-                time.sleep(POLL_SECONDS)
+                time.sleep(environment().dispatch_poll_seconds)
                 if time.monotonic() >= next_cancel_check:
                     next_cancel_check = time.monotonic() + CANCEL_CHECK_SECONDS
                     ride_out(lambda: _stop_if_cancelled(client, engine, live, log), log, "looking for a cancel")
@@ -183,7 +181,7 @@ def _settled_long_ago(row: store.Run, fid: Any) -> bool:
     when there is no flow run to wait for)."""
     if fid is None or row.finished_at is None:
         return fid is None
-    return (store.utcnow() - row.finished_at).total_seconds() > store.STALE_SECONDS
+    return (store.utcnow() - row.finished_at).total_seconds() > store.stale_seconds()
 
 
 def run_tag(engine: sa.Engine) -> Any:
@@ -210,12 +208,12 @@ def _trial_flow_runs(client: Any, tags: list[str]) -> dict[str, Any]:
 
 def ride_out(call: Any, log: Any, what: str) -> Any:
     """`call()`, retried with backoff (2 s doubling to 30 s) while the Prefect API is unreachable or answers
-    5xx (a server restart), for up to API_OUTAGE_SECONDS; any other error at once."""
+    5xx (a server restart), for up to ABLATE_API_OUTAGE_SECONDS; any other error at once."""
     import httpx
 
     global API_BACK_AT
     start = time.monotonic()
-    deadline = start + API_OUTAGE_SECONDS
+    deadline = start + environment().api_outage_seconds  # a Prefect server restart ridden out
     wait = 2.0
     while True:
         try:
@@ -243,7 +241,7 @@ def _dead(row: store.Run, state: Any) -> bool:
         return not store.is_live(row)
     if row.status in ("pending", "preempted") and state.timestamp is not None:
         since = state.timestamp.astimezone(dt.timezone.utc).replace(tzinfo=None)
-        return (store.utcnow() - since).total_seconds() > store.STALE_SECONDS
+        return (store.utcnow() - since).total_seconds() > store.stale_seconds()
     return False
 
 

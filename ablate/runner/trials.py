@@ -191,7 +191,7 @@ def uncancel(engine: sa.Engine, run_ids: list[int]) -> int:
 
 def cancel(engine: sa.Engine, name: str, wait: float = 60.0) -> tuple[int, int, int]:
     """Cancel a sweep on every host: its waiting and running runs become `cancelled` in one UPDATE. A trainer
-    reads its row at each heartbeat (HEARTBEAT_SECONDS), checkpoints and stops, on whatever host it runs;
+    reads its row at each heartbeat (ABLATE_HEARTBEAT_SECONDS), checkpoints and stops, on whatever host it runs;
     trainers on this host also get SIGTERM now. The sweep flow, seeing the rows, cancels its trial flow runs.
     Waits up to `wait` seconds for the trainers to end. Returns (waiting runs cancelled, running runs
     cancelled, trainers still running after the wait)."""

@@ -101,9 +101,8 @@ def _child(request: dict[str, Any], protocol_fd: int) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        from ablate import store, train
+        from ablate import train  # its timings are read from this trial's environment as it starts
 
-        store.read_timing_env()  # heartbeat/stale settings are read at import; this trial's env may differ
         sys.argv = ["python -m ablate.train", *request["argv"]]
         code = train.main(request["argv"])
     except SystemExit as exc:

@@ -17,18 +17,16 @@ Torch-free: of ablate it imports only `ablate.config` (errors; the trial fingerp
 
 from __future__ import annotations
 
-from typing import Any
-
-from ablate.store import claims as _claims
 from ablate.store.claims import (
     claim_run,
     get_run,
     heartbeat,
+    heartbeat_seconds,
     is_live,
     new_claimant,
     pid_alive,
-    read_timing_env,
     stale_before,
+    stale_seconds,
     trainer_running,
     update_run,
     write_metrics,
@@ -70,21 +68,14 @@ from ablate.store.register import (
 )
 from ablate.store.schema import FINISHED, OWED_UNSTARTED, RUN_STATUSES, Base, Meta, Metric, Run, Sweep, utcnow
 
-_TIMINGS = ("HEARTBEAT_SECONDS", "STALE_SECONDS")  # read_timing_env rebinds them in claims: read there, never copied
-
-
-def __getattr__(name: str) -> Any:
-    if name in _TIMINGS:
-        return getattr(_claims, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
-    "DEFAULT_URL", "FINISHED", "HEARTBEAT_SECONDS", "OWED_UNSTARTED", "OWN_TABLES", "PluginRecords", "READER_ROLE",
-    "RUN_STATUSES", "SCHEMA_HEAD", "STALE_SECONDS", "VERSION_TABLE", "Base", "Meta", "Metric", "Run", "Sweep",
+    "DEFAULT_URL", "FINISHED", "OWED_UNSTARTED", "OWN_TABLES", "PluginRecords", "READER_ROLE",
+    "RUN_STATUSES", "SCHEMA_HEAD", "VERSION_TABLE", "Base", "Meta", "Metric", "Run", "Sweep",
     "analyze", "claim_run", "close_engines", "code_version", "connect", "copy_rows", "current_revision",
-    "database_id", "describe_url", "drop_stale_runs", "explain", "get_run", "grant_reader", "head_revision", "heartbeat", "is_live",
-    "library_versions", "make_engine", "new_claimant", "pid_alive", "read_timing_env", "reader", "redact",
-    "register_sweep", "resolve_url", "run_row", "session_factory", "stale_before", "stored_revision", "sweep_named",
+    "database_id", "describe_url", "drop_stale_runs", "explain", "get_run", "grant_reader", "head_revision", "heartbeat",
+    "heartbeat_seconds", "is_live",
+    "library_versions", "make_engine", "new_claimant", "pid_alive", "reader", "redact",
+    "register_sweep", "resolve_url", "run_row", "session_factory", "stale_before", "stale_seconds", "stored_revision",
+    "sweep_named",
     "trainer_running", "update_run", "upgrade_schema", "utcnow", "write_metrics",
 ]

@@ -12,9 +12,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from ablate.config.errors import AblateError
+from ablate.config.settings import environment
 from ablate.store.engine import describe_url, session_factory
 from ablate.store.schema import OWED_UNSTARTED, Metric, Run, utcnow
-from ablate.config.settings import environment
+
 
 def update_run(engine: sa.Engine, run_id: int, claimant: str | None = None, **fields: Any) -> bool:
     """Set columns of a run; with `claimant`, only while that process still holds the run's claim.
@@ -28,19 +29,17 @@ def update_run(engine: sa.Engine, run_id: int, claimant: str | None = None, **fi
 
 # ---------------------------------------------------------------- claims: exactly one trainer per run
 
-# how often a claimant says it is alive, and how long a silent `running` row takes to count as a dead process's (any
-# host): it is owed again. ABLATE_HEARTBEAT_SECONDS / ABLATE_STALE_SECONDS change them (every host must agree).
-HEARTBEAT_SECONDS = STALE_SECONDS = 0.0
+# How often a claimant says it is alive, and how long a silent `running` row takes to count as a dead process's (any
+# host): it is owed again. ABLATE_HEARTBEAT_SECONDS / ABLATE_STALE_SECONDS set them (every host must agree); read
+# where they are used, never frozen at import, so a forked trainer with another environment gets its own.
 
 
-def read_timing_env() -> None:
-    """Set HEARTBEAT_SECONDS and STALE_SECONDS from the environment (at import, and in a forked trainer)."""
-    global HEARTBEAT_SECONDS, STALE_SECONDS
-    HEARTBEAT_SECONDS = environment().heartbeat_seconds
-    STALE_SECONDS = environment().stale_seconds
+def heartbeat_seconds() -> float:
+    return environment().heartbeat_seconds
 
 
-read_timing_env()
+def stale_seconds() -> float:
+    return environment().stale_seconds
 
 
 def new_claimant() -> str:
@@ -51,7 +50,7 @@ def new_claimant() -> str:
 
 
 def stale_before() -> dt.datetime:
-    return utcnow() - dt.timedelta(seconds=STALE_SECONDS)
+    return utcnow() - dt.timedelta(seconds=stale_seconds())
 
 
 def is_live(run: Any) -> bool:
@@ -69,7 +68,7 @@ def trainer_running(run: Any) -> bool:
     host, _, rest = (run.claimed_by or "").partition(":")
     if host == socket.gethostname():
         return pid_alive(run.pid)
-    fresh = utcnow() - dt.timedelta(seconds=max(3 * HEARTBEAT_SECONDS, 5.0))
+    fresh = utcnow() - dt.timedelta(seconds=max(3 * heartbeat_seconds(), 5.0))
     return run.heartbeat_at is not None and run.heartbeat_at >= fresh
 
 

@@ -134,6 +134,6 @@ def _claim(engine: Any, run: store.Run, dist_: Dist) -> str | None:
     takeable = [s for s in store.RUN_STATUSES if s != "running"]  # by hand: any run nobody is training now
     if not store.claim_run(engine, run.id, claimant, statuses=takeable):
         raise AblateError(f"run {run.id} is being trained by {run.claimed_by} (heartbeat {run.heartbeat_at} UTC); wait "
-                          f"for it, or for its heartbeat to be {store.STALE_SECONDS:.0f} s old if that process died")
+                          f"for it, or for its heartbeat to be {store.stale_seconds():.0f} s old if that process died")
     return claimant
 

@@ -19,7 +19,6 @@ from ablate.config.settings import environment
 
 
 # seconds a trainer told to stop (a cancel, its runner gone) may take to checkpoint and end before it is killed
-CANCEL_GRACE_SECONDS = environment().cancel_grace_seconds
 
 
 
@@ -71,19 +70,21 @@ class Recorder:
         self.stop_reason: str | None = None  # why this trainer was told to stop: "cancelled" or "orphaned"
         self._stop_beating = threading.Event()
         self._runner_pid = environment().runner_pid
+        # read as the trainer starts, not at import (a warm helper's forked trainer has its own environment)
+        self.heartbeat_every, self.cancel_grace = store.heartbeat_seconds(), environment().cancel_grace_seconds
         if self.engine is not None and self.claimant is not None:
             threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
 
     def _beat(self) -> None:
-        """Every HEARTBEAT_SECONDS: say this claimant is alive, and stop the trainer (SIGTERM to this process:
-        it checkpoints) when the run was cancelled from any host, or the runner that started it is gone (its
-        Prefect flow run was cancelled or killed: nobody would record this trainer's end). A trainer still
-        here CANCEL_GRACE_SECONDS after that (one step or one checkpoint write longer than that, or code that
+        """Every heartbeat_every seconds: say this claimant is alive, and stop the trainer (SIGTERM to this
+        process: it checkpoints) when the run was cancelled from any host, or the runner that started it is gone
+        (its Prefect flow run was cancelled or killed: nobody would record this trainer's end). A trainer still
+        here cancel_grace seconds after that (one step or one checkpoint write longer than that, or code that
         never returns to Python) is killed: its row already says why, and its last checkpoint is intact."""
         told_at: float | None = None
-        while not self._stop_beating.wait(store.HEARTBEAT_SECONDS):
-            if told_at is not None and time.monotonic() - told_at >= CANCEL_GRACE_SECONDS:
-                print(f"still running {CANCEL_GRACE_SECONDS:.0f} s after it was told to stop ({self.stop_reason}): "
+        while not self._stop_beating.wait(self.heartbeat_every):
+            if told_at is not None and time.monotonic() - told_at >= self.cancel_grace:
+                print(f"still running {self.cancel_grace:.0f} s after it was told to stop ({self.stop_reason}): "
                       "killed", file=sys.stderr, flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             try:

@@ -19,8 +19,6 @@ from typing import Any, Callable
 
 from ablate.config.settings import environment
 
-STOP_GRACE_SECONDS = environment().stop_grace_seconds
-
 
 class Stopped(BaseException):
     """SIGTERM before training began (not an Exception: no handler of errors catches it)."""
@@ -29,10 +27,10 @@ class Stopped(BaseException):
 class StopSignal:
     """The trainer's SIGTERM state: `flag` (a stop was asked), `training` (the step loop checks `flag`)."""
 
-    def __init__(self, grace: float = STOP_GRACE_SECONDS):
+    def __init__(self, grace: float | None = None):
         self.flag = False
         self.training = False
-        self.grace = grace
+        self.grace = environment().stop_grace_seconds if grace is None else grace  # as the trainer starts
         self._ending = False  # the main thread is ending start-up: a second SIGTERM must not interrupt that
         self._phase = threading.Lock()  # held by whoever ends the start-up phase: the main thread or the watcher
         self._on_hard_stop: Callable[[], Any] | None = None

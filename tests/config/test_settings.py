@@ -44,6 +44,35 @@ def test_the_reader_scan_finds_a_read(tmp_path):
     assert [hit.split()[1] for hit in _environ_reads(sample)] == ["ABLATE_X", "ABLATE_Y"]
 
 
+def _frozen_at_import(path: Path) -> list[str]:
+    """Module-level statements that call environment(): a setting frozen when the module was first imported."""
+    tree = ast.parse(path.read_text())
+    return [f"{path.name}:{node.lineno}" for node in tree.body if not isinstance(node, (ast.FunctionDef, ast.ClassDef))
+            and any(isinstance(n, ast.Call) and ast.unparse(n.func).endswith("environment") for n in ast.walk(node))]
+
+
+def test_no_module_freezes_a_setting_at_import(tmp_path):
+    """A warm helper forks trainers with their own environment, and a test changes it: a value read at import
+    would be the first process's. Settings are read where they are used (or as the object using them starts)."""
+    frozen = [hit for folder in ("ablate", "flows") for path in sorted((REPO / folder).rglob("*.py"))
+              for hit in _frozen_at_import(path)]
+    assert frozen == []
+    sample = tmp_path / "sample.py"  # the scan sees one when there is one
+    sample.write_text("from x import environment\n\ndef f():\n    return environment()\nA = environment().stale_seconds\n")
+    assert _frozen_at_import(sample) == ["sample.py:5"]
+
+
+def test_the_timings_follow_the_environment_after_import(monkeypatch):
+    from ablate import store
+    from ablate.train.stopping import StopSignal
+
+    monkeypatch.setenv("ABLATE_STALE_SECONDS", "123")
+    monkeypatch.setenv("ABLATE_HEARTBEAT_SECONDS", "4.5")
+    monkeypatch.setenv("ABLATE_STOP_GRACE_SECONDS", "7")
+    assert (store.stale_seconds(), store.heartbeat_seconds(), StopSignal().grace) == (123, 4.5, 7)
+    assert (store.utcnow() - store.stale_before()).total_seconds() == pytest.approx(123, abs=5)
+
+
 def test_defaults_and_typed_values(monkeypatch):
     for name in Settings.model_fields:
         monkeypatch.delenv(variable(name), raising=False)

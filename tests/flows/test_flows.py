@@ -266,7 +266,7 @@ def test_runs_to_do_rules(sqlite_url, tmp_path):
     engine = store.connect(sqlite_url)
     store.update_run(engine, ids[0], status="completed")
     store.update_run(engine, ids[1], status="failed", attempts=runner.MAX_ATTEMPTS)
-    stale = store.utcnow() - dt.timedelta(seconds=store.STALE_SECONDS + 1)
+    stale = store.utcnow() - dt.timedelta(seconds=store.stale_seconds() + 1)
     store.update_run(engine, ids[2], status="running", heartbeat_at=stale)  # its claimant died (any host)
     assert runner.runs_to_do(engine, sweep_id, ids) == [ids[2], ids[3]]
     assert runner.runs_to_do(engine, sweep_id, ids, retry_failed=True) == [ids[1], ids[2], ids[3]]

@@ -37,7 +37,7 @@ def sweep(db_url):
     store.update_run(engine, ids[1], status="running", last_step=40, last_eval_loss=4.0, heartbeat_at=now,
                      claimed_by="elsewhere:1:x")
     store.update_run(engine, ids[2], status="running", last_step=70, claimed_by="elsewhere:2:y",
-                     heartbeat_at=now - dt.timedelta(seconds=store.STALE_SECONDS + 60))
+                     heartbeat_at=now - dt.timedelta(seconds=store.stale_seconds() + 60))
     store.update_run(engine, ids[3], status="failed", last_step=25, error="RuntimeError: boom\nTraceback ...",
                      finished_at=now)
     return engine, ids

@@ -306,7 +306,7 @@ def test_status_says_when_a_running_row_is_stale(sqlite_url, capsys):
     _, _, ids = runner.register(SMOKE, sqlite_url)
     engine = store.connect(sqlite_url)
     store.update_run(engine, ids[0], status="running", claimed_by="elsewhere:1:x", pid=1234, host="elsewhere",
-                  heartbeat_at=store.utcnow() - dt.timedelta(seconds=store.STALE_SECONDS + 5))
+                  heartbeat_at=store.utcnow() - dt.timedelta(seconds=store.stale_seconds() + 5))
     store.update_run(engine, ids[1], status="running", claimed_by="elsewhere:2:y", pid=1235, host="elsewhere",
                   heartbeat_at=store.utcnow())
     capsys.readouterr()

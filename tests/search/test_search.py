@@ -207,7 +207,7 @@ def test_a_dead_workers_trial_is_taken_over_when_its_trainer_heartbeat_is_stale(
     spec = parse_spec(tiny(n_trials=1))
     storage = search.open_storage(sqlite_url, create=True)
     search.create_study(spec, sqlite_url, storage=storage)
-    stale = store.utcnow() - dt.timedelta(seconds=store.STALE_SECONDS + 60)
+    stale = store.utcnow() - dt.timedelta(seconds=store.stale_seconds() + 60)
     study, trial, run_id = _a_worker_trains(spec, sqlite_url, storage, stale)
     outcomes = search.run_search(spec, sqlite_url, runner.LaunchOptions(artifacts=artifacts), n_trials=1)
     assert [(o.number, o.state, o.run_id) for o in outcomes] == [(1, "COMPLETE", run_id)]

@@ -35,7 +35,7 @@ def test_a_stale_claim_is_taken_over_and_the_old_claimant_is_fenced_off(any_url,
     engine = store.connect(any_url)
     assert store.claim_run(engine, ids[0], "host-a:1:x")
     assert not store.claim_run(engine, ids[0], "host-b:1:y")  # live: refused
-    stale = store.utcnow() - dt.timedelta(seconds=store.STALE_SECONDS + 5)
+    stale = store.utcnow() - dt.timedelta(seconds=store.stale_seconds() + 5)
     store.update_run(engine, ids[0], heartbeat_at=stale)  # host-a died
     assert store.claim_run(engine, ids[0], "host-b:1:y")
     assert not store.heartbeat(engine, ids[0], "host-a:1:x")  # a back-from-the-dead host learns it lost the run
