@@ -20,11 +20,11 @@ from rich.markup import escape
 from ablate.cli import bundle, check, cluster, db, export, plan, report, search, sweep, ui
 from ablate.cli.common import (DB, STATUS_ROWS, Ordered, console, db_option, err_console, human_count, human_seconds,
                                print_rows)
-from ablate.cli.plan import KNOWN_VOCABS, _param_counts, objective_label
+from ablate.cli.plan import KNOWN_VOCABS, trial_param_counts, objective_label
 from ablate.cli.status import print_status_csv, runs_table, shown_runs
 from ablate.config.errors import AblateError
 
-__all__ = ["KNOWN_VOCABS", "STATUS_ROWS", "_param_counts", "cli", "console", "err_console", "human_count",
+__all__ = ["KNOWN_VOCABS", "STATUS_ROWS", "trial_param_counts", "cli", "console", "err_console", "human_count",
            "human_seconds", "main", "objective_label", "parse", "print_rows", "print_status_csv", "runs_table",
            "shown_runs"]
 

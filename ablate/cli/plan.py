@@ -57,7 +57,7 @@ def trials_table(spec: Any, trials: list[Any], listed: int) -> Table:
                 "inter-token", "reference"):
         table.add_column(col, justify="right" if col not in ("fingerprint", "architecture", "options") else "left")
     for i, t in enumerate(trials[:listed]):
-        total, inter = _param_counts(t)
+        total, inter = trial_param_counts(t)
         opts = ",".join(f"{k}={v}" for k, v in sorted(t.options.items()))
         objective = [objective_label(t.objective, t.objective_options)] if show_objective else []
         table.add_row(str(i), t.fingerprint(), t.architecture, *objective, opts, str(t.d_model), str(t.layers),
@@ -154,7 +154,7 @@ def objective_label(objective: str, options: dict | None) -> str:
 KNOWN_VOCABS = {"gpt2": 50257, "gpt2-medium": 50257, "gpt-neo-125m": 50257, "llama-7b": 32000}
 
 
-def _param_counts(trial: Any) -> tuple[int, int]:
+def trial_param_counts(trial: Any) -> tuple[int, int]:
     """(total, inter-token; None where the family does not say) parameters from the family's closed form (a plugin
     without one: built on the meta device) and the objective's (torch-free)."""
     from ablate.config import registry

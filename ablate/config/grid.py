@@ -15,7 +15,7 @@ from ablate.config.trial import AXIS_FIELDS, SWEEP_LEVEL_FIELDS, TrialConfig, wi
 
 MAX_TRIALS = 10_000
 
-def _axes_of(block: dict[str, Any]) -> list[tuple[str, list[Any]]]:
+def axes_of(block: dict[str, Any]) -> list[tuple[str, list[Any]]]:
     """(key, values) per axis of a block; option axes are keyed 'options.NAME'."""
     axes: list[tuple[str, list[Any]]] = []
     for key, value in block.items():
@@ -32,7 +32,7 @@ def _axes_of(block: dict[str, Any]) -> list[tuple[str, list[Any]]]:
 def count_trials(spec: SweepSpec) -> int:
     total = 0
     for block in spec.grid:
-        n = math.prod(len(v) for _, v in _axes_of(block))
+        n = math.prod(len(v) for _, v in axes_of(block))
         if "zip" in block:
             n *= len(next(iter(block["zip"].values())))
         seeds = block.get("seeds")
@@ -56,7 +56,7 @@ def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_T
     problems: dict[str, list[str]] = {}  # a mistake -> the trials it breaks
     sweep_level = {k: getattr(spec, k) for k in SWEEP_LEVEL_FIELDS}
     for i, block in enumerate(spec.grid):
-        axes = _axes_of(block)
+        axes = axes_of(block)
         zipped = block.get("zip") or {}
         zip_rows = [dict(zip(zipped, row)) for row in zip(*zipped.values())] if zipped else [{}]
         seeds = block.get("seeds")

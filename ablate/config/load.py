@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from ablate.config import registry
 from ablate.config.errors import AblateError, SpecError, did_you_mean, one_of, show as _show
-from ablate.config.grid import MAX_TRIALS, _axes_of, expand_grid
+from ablate.config.grid import MAX_TRIALS, axes_of, expand_grid
 from ablate.config.overrides import apply_overrides, describe_overrides
 from ablate.config.sources import has_splits, looks_like_path, special_files
 from ablate.config.sweep import SweepSpec
@@ -215,7 +215,7 @@ def _check_blocks(spec: SweepSpec) -> list[str]:
         given = set(spec.defaults) | set(block) | set(block.get("zip") or {})
         if {"warmup", "warmup_steps"} <= given:
             problems.append(f"{where}: give warmup (a fraction of the schedule) or warmup_steps, not both")
-        for key, values in _axes_of(block) if isinstance(block.get("options", {}), dict) else ():
+        for key, values in axes_of(block) if isinstance(block.get("options", {}), dict) else ():
             if values == []:
                 problems.append(f"{where}.{key}: an empty list expands to 0 trials; give at least one value, "
                                 f"or leave {key} out to use the default")

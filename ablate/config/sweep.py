@@ -121,13 +121,13 @@ class Reference(Frozen):
 
     def matches(self, trial: TrialConfig) -> bool:
         axes = trial.axes()
-        return all(_same(axes.get(k, _MISSING), v) for k, v in self.match.items())
+        return all(same_value(axes.get(k, _MISSING), v) for k, v in self.match.items())
 
 
 _MISSING = object()
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         try:
             return math.isclose(float(a), float(b), rel_tol=1e-9)

@@ -70,9 +70,9 @@ def _how_to_load(entry: Any) -> list[str | None] | None:
     if entry is None or entry.source.identity is None or entry.source.kind == "package":
         return None
     if entry.source.text is not None and entry.source.identity.startswith("file:"):
-        from ablate.plugins.stored import _write
+        from ablate.plugins.stored import write_source
 
-        return [str(_write(entry.source.identity, entry.source.where, entry.source.text)), entry.source.where]
+        return [str(write_source(entry.source.identity, entry.source.where, entry.source.text)), entry.source.where]
     ref = entry.model_ref if isinstance(entry, registry.Family) else entry.module
     module = ref if isinstance(ref, str) else getattr(getattr(ref, "build", None), "__module__", None)
     return [module or entry.source.where, None]

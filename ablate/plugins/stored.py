@@ -103,7 +103,7 @@ def materialise(code: str, exact: bool = False) -> None:
             raise AblateError(f"{name!r}: the source stored for {identity} in the results DB is other code "
                               f"({file_identity(text)}); refused, nothing of it ran. Register the sweep again from the "
                               "machine that has the plugin file")
-        load_plugin(str(_write(identity, path, text)), where=path)  # its identity is the text's hash: that text
+        load_plugin(str(write_source(identity, path, text)), where=path)  # its identity is the text's hash: that text
 
 
 def _have(entry: Any) -> str:
@@ -122,7 +122,7 @@ def _stored(identity: str, name: str) -> tuple[str, str]:
                       "results DB: register its sweep again from the machine that has the plugin file")
 
 
-def _write(identity: str, path: str, text: str) -> Path:
+def write_source(identity: str, path: str, text: str) -> Path:
     """The source in a folder named by its identity, in this user's own temporary folder (mode 700: nobody else
     can put code there), written atomically unless the file there already holds it: concurrent trainers share it."""
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ablate.report.tables import Table, _completed
-from ablate.report.views import RunView, _label, _varying
+from ablate.report.tables import Table, finished_values
+from ablate.report.views import RunView, config_label, varying_axes
 from ablate.results.bands import mean_band
 from ablate.results.equal import x_of
 from ablate.results.points import metric_points, run_points
@@ -49,15 +49,15 @@ def plan_curves(table: Table, points_csv: str | None = None, cap: int = MAX_CURV
     `cap` configurations with the lowest mean final test loss are drawn (`points_csv`: where every run is).
     `group`: a line per combination of these axes (mean and band over the runs it averages), whatever the count."""
     runs = [r for col in table.runs for r in col]
-    keys = list(group) if group else _varying(runs, set()) or ["architecture"]
-    configuration = {r.row.id: _label(r.axes, keys) for r in runs}
+    keys = list(group) if group else varying_axes(runs, set()) or ["architecture"]
+    configuration = {r.row.id: config_label(r.axes, keys) for r in runs}
     if len(runs) <= cap and not (group and len(set(configuration.values())) < len(runs)):
         curves = [Curve(f"run {r.row.id}: {configuration[r.row.id]}", [r], f"run-{r.row.id}") for r in runs]
         return CurvePlan(curves, configuration, runs)
     configs: dict[str, list[RunView]] = {}
     for r in runs:
         configs.setdefault(configuration[r.row.id], []).append(r)
-    ranked = sorted(configs.items(), key=lambda c: statistics.fmean(_completed(c[1], "final_eval_loss") or [math.inf]))
+    ranked = sorted(configs.items(), key=lambda c: statistics.fmean(finished_values(c[1], "final_eval_loss") or [math.inf]))
     curves = [Curve(f"{label} ({len(members)} run{'s' * (len(members) > 1)})", members, f"config-{rank}")
               for rank, (label, members) in enumerate(ranked[:cap])]
     caption = (f"showing {len(curves)} of {len(configs)} {'groups' if group else 'configurations'} ({len(runs)} "

@@ -12,7 +12,7 @@ from typing import Any
 from ablate.config import SweepSpec
 from ablate.config.errors import AblateError, did_you_mean
 from ablate.config.units import parse_at
-from ablate.report.tables import Table, _completed
+from ablate.report.tables import Table, finished_values
 from ablate.results.stats import mean_ci
 from ablate.results.views import RunView
 
@@ -61,7 +61,7 @@ def write_tables_csv(tables: list[Table], path: Path) -> Path:
             for label, runs in zip(t.columns, t.runs):
                 steps = [r.row.steps for r in runs if r.row.steps is not None]
                 for split, column in (("train", "final_train_loss"), ("eval", "final_eval_loss")):
-                    values = _completed(runs, column)
+                    values = finished_values(runs, column)
                     e = mean_ci(values) if values else None
                     out.writerow((t.title, label, split, *(("", "", "", 0) if e is None else
                                                            (e.mean, blank(e.low), blank(e.high), e.n)),

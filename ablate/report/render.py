@@ -23,9 +23,9 @@ from ablate.report.notes import check_orderings, floor_line, recipe_lines
 from ablate.report.reading import at_note, with_reading, write_tables_csv
 from ablate.report.samples import prompt_completions
 from ablate.report.scaling import draw_laws, scaling_lines, write_scaling_csv
-from ablate.report.tables import Table, _one_table, layout_tables
+from ablate.report.tables import Table, one_table, layout_tables
 from ablate.report.verdicts import VerdictTable, verdict_table
-from ablate.report.views import _long_lived
+from ablate.report.views import long_lived
 from ablate.config.units import parse_at
 from ablate.results.equal import read_runs_at
 from ablate.results.laws import Laws, fit_laws
@@ -91,7 +91,7 @@ def build_report(sweep: str, url: str | None = None, out: Path | None = None,
     checkpoints are, for the prompt completions; `at`, `group`: over the block's, see reading.py). Reads the
     database, never writes it."""
     engine = store.reader(url)
-    with _long_lived() as loaded:
+    with long_lived() as loaded:
         spec, views = load_views(engine, sweep)
         loaded()
         spec = with_reading(spec, views, at, group)
@@ -109,7 +109,7 @@ def build_comparison(sweeps: list[str], url: str | None = None, out: Path | None
     engine = store.reader(url)
     views: list[RunView] = []
     specs = []
-    with _long_lived() as loaded:
+    with long_lived() as loaded:
         for name in sweeps:
             spec, vs = load_views(engine, name)
             specs.append(spec)
@@ -120,7 +120,7 @@ def build_comparison(sweeps: list[str], url: str | None = None, out: Path | None
         title = " vs ".join(sweeps)
         combined = specs[0].model_copy(update={"name": "compare-" + "-".join(sweeps),
                                                "description": f"Comparison: {title}"})
-        table = _one_table(combined, TableSpec(title=title, group_by=(), columns="sweep"), views)
+        table = one_table(combined, TableSpec(title=title, group_by=(), columns="sweep"), views)
         return _render(engine, combined, views, [table], sweeps, url,
                        out or Path("results/reports") / combined.name, formats, skip, artifacts)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from ablate.config import registry
 from ablate.config.errors import AblateError
-from ablate.report.tables import _completed
-from ablate.report.views import RunView, _label, _varying
+from ablate.report.tables import finished_values
+from ablate.report.views import RunView, config_label, varying_axes
 
 MAX_COMPLETIONS = 10  # prompt completions in a report (each loads a run's model); past it, the lowest test losses
 
@@ -34,9 +34,9 @@ def prompt_completions(views: list[RunView], prompt: str, url: str | None, artif
         except AblateError:  # not reachable from here (another machine's artifacts, or outside the folder)
             continue
         reachable.append(v)
-    best = sorted(reachable, key=lambda v: _completed([v], "final_eval_loss") or [math.inf])[:MAX_COMPLETIONS]
+    best = sorted(reachable, key=lambda v: finished_values([v], "final_eval_loss") or [math.inf])[:MAX_COMPLETIONS]
     chosen = {v.row.id for v in best}
-    keys = _varying(views, set()) or ["architecture"]
+    keys = varying_axes(views, set()) or ["architecture"]
     out = []
     for v in reachable:
         if v.row.id in chosen:  # each checkpoint loaded once; loading takes seconds on a busy CPU: say so
@@ -44,7 +44,7 @@ def prompt_completions(views: list[RunView], prompt: str, url: str | None, artif
                   file=sys.stderr, flush=True)
             trial, model, tokenizer = load_run_model(v.row.id, url, artifacts)
             text = complete(model, tokenizer, prompt, trial.context, max_new=max_new).replace("\n", " ")
-            out.append((v.row.id, _label(v.axes, keys), text))
+            out.append((v.row.id, config_label(v.axes, keys), text))
     return out, len(reachable)
 
 

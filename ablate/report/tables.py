@@ -14,8 +14,8 @@ from ablate.results.equal import BEFORE_FIRST, NO_FLOPS, NOT_REACHED
 from ablate.results.cells import read_seeds, split_axes
 from ablate.results.orderings import comparable, noise_floor
 from ablate.results.stats import mean_ci
-from ablate.report.views import _label, _varying
-from ablate.results.views import RunView, _matches, _sort_key
+from ablate.report.views import config_label, varying_axes
+from ablate.results.views import RunView, matches_where, sort_key
 
 
 @dataclass
@@ -41,7 +41,7 @@ def layout_tables(spec: SweepSpec, views: list[RunView]) -> list[Table]:
     at = parse_at(spec.report.at)
     floor = noise_floor(views, spec.report.min_steps)  # the report's one floor, as its claims read it
     if spec.report.group:  # one table: the group axes' combinations, every other axis averaged
-        tables = [_one_table(spec, TableSpec(title=spec.name, group_by=(), columns=spec.report.group[0]), views,
+        tables = [one_table(spec, TableSpec(title=spec.name, group_by=(), columns=spec.report.group[0]), views,
                              extra=list(spec.report.group[1:]), floor=floor)] if views else []
     else:
         tables = _spec_tables(spec, views, floor)
@@ -53,43 +53,43 @@ def layout_tables(spec: SweepSpec, views: list[RunView]) -> list[Table]:
 def _spec_tables(spec: SweepSpec, views: list[RunView], floor: dict[str, tuple[float | None, int]]) -> list[Table]:
     tables = []
     for tspec in spec.report.tables:
-        chosen = [v for v in views if _matches(v, tspec.where)]
+        chosen = [v for v in views if matches_where(v, tspec.where)]
         groups: dict[tuple, list[RunView]] = {}
         for v in chosen:
             groups.setdefault(tuple(repr(v.axes.get(k)) for k in tspec.group_by), []).append(v)
         for key, members in groups.items():
-            tables.append(_one_table(spec, tspec, members, floor=floor))
+            tables.append(one_table(spec, tspec, members, floor=floor))
     return tables
 
 
-def _one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView], extra: list[str] | None = None,
+def one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView], extra: list[str] | None = None,
                floor: dict[str, tuple[float | None, int]] | None = None) -> Table:
     """A table whose columns are `tspec.columns` × `extra` (default: every other axis that varies, so that each
     column is one configuration); `floor`: the report's noise floor (default: these runs')."""
     col_axis = tspec.columns
-    averaged = [] if extra is None else _varying(members, {col_axis, *extra})
+    averaged = [] if extra is None else varying_axes(members, {col_axis, *extra})
     if extra is None:
-        extra = _varying(members, set(tspec.group_by) | {col_axis})
+        extra = varying_axes(members, set(tspec.group_by) | {col_axis})
         extra = split_axes(members, [col_axis, *extra])[1:]  # and whatever else still differs within a column
     columns: dict[tuple, list[RunView]] = {}
     for v in sorted(members, key=_grid_order(members, [col_axis, *extra])):
         columns.setdefault((repr(v.axes.get(col_axis)), *[repr(v.axes.get(k)) for k in extra]), []).append(v)
-    group_label = _label(members[0].axes, list(tspec.group_by)) if tspec.group_by else ""
+    group_label = config_label(members[0].axes, list(tspec.group_by)) if tspec.group_by else ""
     title = tspec.title or group_label or spec.name
     if tspec.title and group_label and len(tspec.group_by) and tspec.where.keys() != set(tspec.group_by):
         title = f"{tspec.title} ({group_label})" if group_label not in tspec.title else tspec.title
     labels = []
     for runs in columns.values():
-        label = _label(runs[0].axes, [col_axis])
+        label = config_label(runs[0].axes, [col_axis])
         if extra:
-            label += " (" + _label(runs[0].axes, extra) + ")"
+            label += " (" + config_label(runs[0].axes, extra) + ")"
         labels.append(label)
     if spec.report.kind == "memory":
         rows = [("Peak memory (MB)", [_memory_cell(runs) for runs in columns.values()]),
                 ("Published (MB)", [_ref_memory(runs) for runs in columns.values()])]
         return Table(title=title, columns=labels, rows=rows, runs=list(columns.values()))
     cols = list(columns.values())
-    mixed = len({len(_completed(runs, "final_eval_loss")) for runs in cols} - {0}) > 1  # some cells one seed
+    mixed = len({len(finished_values(runs, "final_eval_loss")) for runs in cols} - {0}) > 1  # some cells one seed
     short = [any(not comparable(r, spec.report.min_steps) for r in runs if r.row.status == "completed")
              for runs in cols]
     rows = [("Train", [_loss_cell(runs, "final_train_loss", mixed) for runs in cols]),
@@ -133,8 +133,8 @@ def _grid_order(members: list[RunView], axes: list[str]):
     for v in members:
         for k in axes:
             first.setdefault((k, repr(v.axes.get(k))), len(first))
-    numeric = {k for k in axes if all(_sort_key(v.axes.get(k))[0] == 0 for v in members)}
-    return lambda v: tuple(_sort_key(v.axes.get(k)) if k in numeric else (1, first[(k, repr(v.axes.get(k)))], "")
+    numeric = {k for k in axes if all(sort_key(v.axes.get(k))[0] == 0 for v in members)}
+    return lambda v: tuple(sort_key(v.axes.get(k)) if k in numeric else (1, first[(k, repr(v.axes.get(k)))], "")
                            for k in axes)
 
 
@@ -155,7 +155,7 @@ def _status_of(runs: list[RunView]) -> str | None:
     return None
 
 
-def _completed(runs: list[RunView], column: str) -> list[float]:
+def finished_values(runs: list[RunView], column: str) -> list[float]:
     """The column's values of the runs that completed with a finite one (a cell's, or a configuration's, numbers)."""
     return read_seeds(runs, lambda v: getattr(v.row, column)).values
 
@@ -182,7 +182,7 @@ def _range_cell(values: list[float | None], fmt: str) -> str:
 
 def _uncertainty_notes(cols: list[list[RunView]], min_steps: int, short: list[bool]) -> list[str]:
     notes = []
-    seeds = [len(_completed(runs, "final_eval_loss")) for runs in cols]
+    seeds = [len(finished_values(runs, "final_eval_loss")) for runs in cols]
     if max(seeds, default=0) > 1:
         notes.append("Cells: mean ± half-width of the 95% Student-t confidence interval over seeds (n seeds).")
     elif max(seeds, default=0) == 1:
@@ -213,7 +213,7 @@ def _ref_cell(runs: list[RunView], which: str) -> str:
 
 def _diff_cell(runs: list[RunView]) -> str:
     ref = runs[0].reference
-    values = _completed(runs, "final_eval_loss")
+    values = finished_values(runs, "final_eval_loss")
     if ref is None or ref.eval is None or not values:
         return ""
     return f"{statistics.fmean(values) - ref.eval:+.2f}"

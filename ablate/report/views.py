@@ -14,7 +14,7 @@ UNFINISHED = ("pending", "running", "failed", "preempted", "cancelled")
 
 
 @contextmanager
-def _long_lived() -> Iterator[Callable[[], None]]:
+def long_lived() -> Iterator[Callable[[], None]]:
     """A report holds a view of every run (100,000 at a lab's scale) to its end. Python's cyclic collector would
     walk them all again each time a few hundred thousand new objects (ORM rows, metric rows) are made: half the
     CPU of loading them, and of drawing after. Collection waits while they load; `loaded()` then sets what is
@@ -40,12 +40,12 @@ def _long_lived() -> Iterator[Callable[[], None]]:
             gc.enable()
 
 
-def _varying(views: list[RunView], exclude: set[str]) -> list[str]:
+def varying_axes(views: list[RunView], exclude: set[str]) -> list[str]:
     keys = sorted({k for v in views for k in v.axes} - exclude - {"seed"})
     # an option one family lacks (None) does not make an axis vary; differing values do
     return [k for k in keys if len({repr(v.axes.get(k)) for v in views if v.axes.get(k) is not None}) > 1]
 
 
-def _label(axes: dict[str, Any], keys: list[str]) -> str:
+def config_label(axes: dict[str, Any], keys: list[str]) -> str:
     short = {"d_model": "d", "layers": "n", "heads": "h", "batch_size": "b", "context": "ctx"}
     return ", ".join(f"{short.get(k, k.removeprefix('options.'))}={axes.get(k)}" for k in keys)

@@ -26,7 +26,7 @@ from ablate.config import Ordering, SweepSpec
 from ablate.results import stats
 from ablate.results.cells import Seeds, config_key, differing, read_seeds, split_axes
 from ablate.results.equal import RowAt
-from ablate.results.views import RunView, _matches, _sort_key
+from ablate.results.views import RunView, matches_where, sort_key
 
 TOO_FEW_STEPS = "too few steps"
 
@@ -115,15 +115,15 @@ def check_claims(spec: SweepSpec, views: list[RunView], value: Value = final_eva
 
 def _cells_of(order: Ordering, views: list[RunView], value: Value, min_steps: int,
               floor: dict[str, tuple[float | None, int]]) -> list[ClaimCell]:
-    sides = {"better": [v for v in views if _matches(v, order.better)],
-             "worse": [v for v in views if _matches(v, order.worse)]}
+    sides = {"better": [v for v in views if matches_where(v, order.better)],
+             "worse": [v for v in views if matches_where(v, order.worse)]}
     held = _held_equal(order, sides["better"], sides["worse"])
     pairs: dict[tuple, dict[str, list[RunView]]] = {}
     for name, members in sides.items():
         for v in members:
             pairs.setdefault(tuple(repr(v.axes.get(k)) for k in held), {"better": [], "worse": []})[name].append(v)
     cells = []
-    for key in sorted(pairs, key=lambda k: [_sort_key(_value_of(pairs[k], a)) for a in held]):
+    for key in sorted(pairs, key=lambda k: [sort_key(_value_of(pairs[k], a)) for a in held]):
         both = pairs[key]
         if not both["better"] or not both["worse"]:
             continue  # one side never ran here: nothing to compare

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from ablate import store
 from ablate.config import Reference, SweepSpec, TrialConfig
-from ablate.config.sweep import _same
+from ablate.config.sweep import same_value
 from ablate.config.trial import fields_that_differ
 from ablate.results.cells import check_seeds
 
@@ -56,9 +56,9 @@ def with_every_varying_field(views: list[RunView]) -> None:
         v.axes.update({k: flat.get(k) for k in extra})
 
 
-def _matches(view: RunView, where: dict[str, Any]) -> bool:
-    return all(_same(view.axes.get(k), v) for k, v in where.items())
+def matches_where(view: RunView, where: dict[str, Any]) -> bool:
+    return all(same_value(view.axes.get(k), v) for k, v in where.items())
 
 
-def _sort_key(value: Any) -> tuple:
+def sort_key(value: Any) -> tuple:
     return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))

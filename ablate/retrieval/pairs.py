@@ -78,5 +78,5 @@ def pairs_from_stories(path_or_text: str | Path = "ablate:tinystories-sample"):
     return datasets.Dataset.from_dict({"summary": summaries, "text": texts})
 
 
-def _columns(pairs: Any) -> tuple[list[str], list[str]]:
+def pair_columns(pairs: Any) -> tuple[list[str], list[str]]:
     return list(pairs["summary"]), list(pairs["text"])

@@ -68,10 +68,10 @@ def run_stage(name: str, db_url: str | None = None, out: Path | None = None, *, 
 
 
 def _published(plan: Any, trial: TrialConfig, c: int) -> float | None:
-    from ablate.config.sweep import _same
+    from ablate.config.sweep import same_value
 
     axes = trial.axes()
-    hits = [r for r in plan.reference if r.candidates == c and all(_same(axes.get(k), v) for k, v in r.match.items())]
+    hits = [r for r in plan.reference if r.candidates == c and all(same_value(axes.get(k), v) for k, v in r.match.items())]
     return max(hits, key=lambda r: len(r.match)).eval if hits else None
 
 

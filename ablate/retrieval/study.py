@@ -11,7 +11,7 @@ from ablate.config import RetrievalPlan, RetrievalSettings, TrialConfig
 from ablate.config.errors import AblateError
 from ablate.train.generate import load_checkpoint_model, load_checkpoint_tokenizer, run_checkpoint
 from ablate.retrieval.embed import embed_texts
-from ablate.retrieval.pairs import _columns
+from ablate.retrieval.pairs import pair_columns
 from ablate.retrieval.training import train_retrieval
 
 
@@ -28,7 +28,7 @@ def retrieval_study(run_ids: Sequence[int], db_url: str | None, pairs: Any, plan
     if steps is not None or seconds is not None:
         plan = plan.model_copy(update={"steps": steps, "epochs": None})
     model_settings = RetrievalSettings(**{**plan.settings().model_dump(), **settings})
-    summaries, texts = _columns(pairs)
+    summaries, texts = pair_columns(pairs)
     engine = store.connect(db_url)  # the process-wide engine for this URL: not ours to dispose
     rows = []
     for run_id in run_ids:

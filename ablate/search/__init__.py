@@ -30,9 +30,9 @@ from ablate.search.report import SearchReport, build_search_report
 from ablate.search.space import check_search, grid_space, planned_trials, suggest_trial
 from ablate.search.study import (GRACE_SECONDS, HEARTBEAT_SECONDS, MEDIAN_STARTUP_TRIALS, create_study, default_seed,
                                  load_study, make_pruner, make_sampler, open_storage)
-from ablate.search.trial import TrialOutcome, _register, run_one
+from ablate.search.trial import TrialOutcome, register_trial, run_one
 
 __all__ = ["COUNTED", "GRACE_SECONDS", "HEARTBEAT_SECONDS", "MAX_REQUEUES", "MEDIAN_STARTUP_TRIALS", "SearchReport",
-           "TrialOutcome", "_register", "build_search_report", "check_search", "claim", "create_study",
+           "TrialOutcome", "register_trial", "build_search_report", "check_search", "claim", "create_study",
            "default_seed", "grid_space", "load_study", "make_pruner", "make_sampler", "open_storage", "planned_trials",
            "requeue", "run_one", "run_search", "run_worker", "study_lock", "suggest_trial", "trials_counted"]

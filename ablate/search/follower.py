@@ -1,5 +1,5 @@
 """Following a trial's run: the eval follower reports the run's intermediate evals to its Optuna trial (step k is
-the k-th eval), keeps the trial's heartbeat and asks the pruner; `_follow` waits on a run another process trains."""
+the k-th eval), keeps the trial's heartbeat and asks the pruner; `follow_evals` waits on a run another process trains."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ablate.train import budget as bud
 from ablate import runner, store
 
 
-class _EvalFollower:
+class EvalFollower:
     """Reports a run's new intermediate evals to its Optuna trial, keeps the heartbeat, and asks the pruner."""
 
     def __init__(self, engine: sa.Engine, run_id: int, storage: optuna.storages.RDBStorage, trial: optuna.Trial,
@@ -63,7 +63,7 @@ class _EvalFollower:
         return False
 
 
-def _follow(engine: sa.Engine, run_id: int, follower: _EvalFollower, poll_seconds: float) -> None:
+def follow_evals(engine: sa.Engine, run_id: int, follower: EvalFollower, poll_seconds: float) -> None:
     """Wait for a run another process is training, reporting its evals; a prune stops it if it trains on this host."""
     while store.is_live(run := store.get_run(engine, run_id)):
         if follower.should_stop():

@@ -58,11 +58,11 @@ def check_search(spec: SweepSpec, source: str = "<spec>") -> SearchBlock:
     if problems:
         raise SpecError(problems, source)
     if search.sampler == "cmaes":
-        _require_cmaes()
+        require_cmaes()
     return search
 
 
-def _require_cmaes() -> None:
+def require_cmaes() -> None:
     try:
         importlib.import_module("cmaes")  # only whether it imports
     except ImportError:

@@ -14,7 +14,7 @@ from ablate import store
 from ablate.config.errors import AblateError, did_you_mean
 from ablate.config import SearchBlock, SweepSpec
 from ablate.search.claims import requeue
-from ablate.search.space import _require_cmaes, check_search, grid_space
+from ablate.search.space import require_cmaes, check_search, grid_space
 
 HEARTBEAT_SECONDS = 30  # a running trial's worker records a heartbeat this often
 GRACE_SECONDS = 180  # a RUNNING trial without a heartbeat for this long belongs to a dead worker
@@ -65,7 +65,7 @@ def make_sampler(search: SearchBlock, seed: int | None) -> optuna.samplers.BaseS
         return optuna.samplers.RandomSampler(seed=seed)
     if search.sampler == "grid":
         return optuna.samplers.GridSampler(grid_space(search), seed=seed)
-    _require_cmaes()
+    require_cmaes()
     # CMA-ES samples float and int parameters; categorical ones fall back to random sampling
     return optuna.samplers.CmaEsSampler(seed=seed, independent_sampler=optuna.samplers.RandomSampler(seed=seed),
                                         warn_independent_sampling=False)

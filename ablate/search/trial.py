@@ -16,7 +16,7 @@ from ablate import runner, store
 from ablate.config import SweepSpec, TrialConfig
 from ablate.plugins.stored import records_of
 from ablate.search.claims import COUNTED, requeue
-from ablate.search.follower import _EvalFollower, _follow
+from ablate.search.follower import EvalFollower, follow_evals
 from ablate.search.space import suggest_trial
 from ablate.search.study import HEARTBEAT_SECONDS
 
@@ -33,7 +33,7 @@ class TrialOutcome:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-def _register(engine: sa.Engine, spec: SweepSpec, config: TrialConfig, spec_path: str | None) -> int:
+def register_trial(engine: sa.Engine, spec: SweepSpec, config: TrialConfig, spec_path: str | None) -> int:
     for attempt in range(3):
         try:
             _, (run_id,) = store.register_sweep(engine, spec, [config], spec_path=spec_path, plugins=records_of([config]))
@@ -71,14 +71,14 @@ def run_one(study: optuna.Study, storage: optuna.storages.RDBStorage, trial: opt
         study.tell(trial, state=TrialState.FAIL)
         return TrialOutcome(trial.number, "FAIL", None, "invalid", None, dict(trial.params))
     try:
-        run_id = _register(engine, spec, config, spec_path)
+        run_id = register_trial(engine, spec, config, spec_path)
         trial.set_user_attr("run_id", run_id)
         trial.set_user_attr("fingerprint", config.fingerprint())
         run = store.get_run(engine, run_id)
         _link(engine, study, run, trial.number)
-        follower = _EvalFollower(engine, run_id, storage, trial, len(spec.eval.at), heartbeat_seconds, stop)
+        follower = EvalFollower(engine, run_id, storage, trial, len(spec.eval.at), heartbeat_seconds, stop)
         if store.is_live(run):  # the same config is training under another trial (or a dead worker's trainer): follow it
-            _follow(engine, run_id, follower, poll_seconds)
+            follow_evals(engine, run_id, follower, poll_seconds)
             run = store.get_run(engine, run_id)
         if run.status not in store.FINISHED and not (stop is not None and stop.is_set()):
             status = runner.run_trial(run_id, opts, should_stop=follower.should_stop, poll_seconds=poll_seconds,
@@ -86,7 +86,7 @@ def run_one(study: optuna.Study, storage: optuna.storages.RDBStorage, trial: opt
             if status == "preempted" and follower.pruned:
                 store.update_run(engine, run_id, status="pruned", finished_at=store.utcnow())
             elif status == "running":  # another process claimed it first: follow that one
-                _follow(engine, run_id, follower, poll_seconds)
+                follow_evals(engine, run_id, follower, poll_seconds)
         follower.report_new()  # evals logged after the last poll
         return _tell(study, trial, store.get_run(engine, run_id))
     except optuna.exceptions.UpdateFinishedTrialError:

@@ -31,7 +31,7 @@ def resolve_url(url: str | None = None) -> str:
     return url
 
 
-def _sqlite_path(url: sa.URL) -> Path | None:
+def sqlite_path(url: sa.URL) -> Path | None:
     if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
         return None
     return Path(url.database)
@@ -55,7 +55,7 @@ def _wal(cur: Any, patience: float = 60.0) -> None:
 
 def make_engine(url: str | None = None, read_only: bool = False) -> sa.Engine:
     url_obj = sa.make_url(resolve_url(url))
-    path = _sqlite_path(url_obj)
+    path = sqlite_path(url_obj)
     if path is not None:
         if read_only:
             if not path.exists():

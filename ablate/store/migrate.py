@@ -13,7 +13,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from ablate.config.errors import AblateError
-from ablate.store.engine import describe_url, _sqlite_path, explain, make_engine, redact, resolve_url
+from ablate.store.engine import describe_url, sqlite_path, explain, make_engine, redact, resolve_url
 
 _ENGINES: dict[str, sa.Engine] = {}
 _READERS: dict[str, sa.Engine] = {}
@@ -113,7 +113,7 @@ def migrate_lock(db: Path) -> Path:
 @contextmanager
 def _schema_lock(engine: sa.Engine) -> Iterator[None]:
     """Serialise migrations across processes: a file lock for SQLite, an advisory lock for Postgres."""
-    path = _sqlite_path(engine.url)
+    path = sqlite_path(engine.url)
     if path is not None:
         from filelock import FileLock
 
@@ -175,7 +175,7 @@ def _migration_engine(engine: sa.Engine) -> sa.Engine:
     """SQLite: an engine whose transactions really hold DDL (pysqlite commits before each CREATE/ALTER by
     itself), so a migration that fails half-way leaves the database as it was; foreign keys off, as
     SQLite's table rebuilds require."""
-    if _sqlite_path(engine.url) is None:
+    if sqlite_path(engine.url) is None:
         return engine
     mig = sa.create_engine(engine.url, connect_args={"timeout": 60})
 

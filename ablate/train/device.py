@@ -74,7 +74,7 @@ def hardware_check(trial: TrialConfig, device: torch.device) -> dict[str, Any]:
     return out
 
 
-class _null:
+class null_context:
     def __enter__(self) -> None:
         return None
 
@@ -82,7 +82,7 @@ class _null:
         return None
 
 
-def _to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host batch on the device; to a GPU from pinned memory, so the copy is asynchronous (from pageable memory
     the host waits for it)."""
     if device.type == "cuda":

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from ablate.config import TrialConfig
 from ablate.objectives.base import reports_accuracy
 from ablate.train.state import Dist
-from ablate.train.device import _to_device, autocast
+from ablate.train.device import to_device, autocast
 
 
 
@@ -32,7 +32,7 @@ def evaluate(objective: torch.nn.Module, rows: Any, trial: TrialConfig, device: 
     for idx in shards[dist_.rank:: dist_.world]:
         ids, labels = rows.batch(idx)
         with autocast(device, precision):
-            s, c, _, correct = objective(_to_device(ids, device), _to_device(labels, device))
+            s, c, _, correct = objective(to_device(ids, device), to_device(labels, device))
         total[0] += s.double()
         total[1] += c.double()
         if correct is not None:

@@ -22,7 +22,7 @@ from ablate.train.checkpoint import load_checkpoint, set_rng_state
 from ablate.train.device import check_memory, is_oom, peak_memory_mb
 from ablate.train.recorder import Recorder
 from ablate.train.state import Batches, Dist, Progress, TrainerSettings, run_dir
-from ablate.train.device import (_null, _to_device, autocast, hardware_check, pick_device, prepare_device,
+from ablate.train.device import (null_context, to_device, autocast, hardware_check, pick_device, prepare_device,
                                  resolve_precision)
 from ablate.train.optim import apply_update, make_optimizer, plain_step
 
@@ -175,14 +175,14 @@ class Trainer:
                  for k in range(progress.grad_accum)]
         host_tokens = sum(self.count_tokens(labels) for _, labels in micro)
         host_targets = max(sum(self.count_targets(labels) for _, labels in micro), 1)
-        micro = [(_to_device(ids, device), _to_device(labels, device)) for ids, labels in micro]
+        micro = [(to_device(ids, device), to_device(labels, device)) for ids, labels in micro]
         self.clock.meters["data"] += time.perf_counter() - t0
         loss_sum = torch.zeros((), device=device)
         count = torch.zeros((), device=device)
         for k, (ids, labels) in enumerate(micro):
             is_last = k == len(micro) - 1
             no_sync = self.dist.distributed and not is_last and hasattr(self.wrapped, "no_sync")
-            with self.wrapped.no_sync() if no_sync else _null(), autocast(device, self.precision):
+            with self.wrapped.no_sync() if no_sync else null_context(), autocast(device, self.precision):
                 s, c, aux, _ = self.wrapped(ids, labels)
             # token-weighted over the whole step, not a mean of micro-batch means; a model's own losses (router
             # losses) count once per step; both go through the scaler

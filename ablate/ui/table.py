@@ -9,7 +9,7 @@ from typing import Any
 
 from ablate.config.errors import AblateError
 from ablate.results.status import FIRST, LAST  # a status row's columns before and after the axes
-from ablate.results.views import _sort_key
+from ablate.results.views import sort_key
 
 OPS = ("!=", ">=", "<=", "=", ">", "<")
 _TERM = re.compile(r"^([A-Za-z_][\w.]*)\s*(!=|>=|<=|=|>|<)(.*)$")
@@ -87,7 +87,7 @@ def sort_rows(rows: list[dict[str, Any]], sort: str, known: list[str]) -> list[d
         raise AblateError(f"sort: no column {key!r}; columns: {', '.join(known)}")
     present = [r for r in rows if r.get(key) is not None]
     empty = [r for r in rows if r.get(key) is None]
-    return sorted(present, key=lambda r: _sort_key(r[key]), reverse=sort.startswith("-")) + empty
+    return sorted(present, key=lambda r: sort_key(r[key]), reverse=sort.startswith("-")) + empty
 
 
 def page(rows: list[dict[str, Any]], text: str, sort: str, offset: int, limit: int,

@@ -287,18 +287,18 @@ def test_a_registered_objective_validates_plans_builds_and_is_refused_where_unsu
                                                                                         capsys):
     import yaml
 
-    from ablate.cli import _param_counts, main
+    from ablate.cli import trial_param_counts, main
     from ablate.config import load_trials
 
     path = tmp_path / "toy.yaml"
     path.write_text(yaml.safe_dump(spec_with_objective("mixer", "toy", objective_options={"extra": 7})))
     _, (t,) = load_trials(path)
     assert t.objective_settings().extra == 7 and "objective_options.extra" in t.axes()
-    clm_total, clm_inter = _param_counts(t.model_copy(update={"objective": "clm", "objective_options": {}}))
-    assert _param_counts(t) == (clm_total + 7, clm_inter)  # the toy's param_counts, applied by `plan`
+    clm_total, clm_inter = trial_param_counts(t.model_copy(update={"objective": "clm", "objective_options": {}}))
+    assert trial_param_counts(t) == (clm_total + 7, clm_inter)  # the toy's param_counts, applied by `plan`
     assert main(["plan", str(path)]) == 0 and "toy(extra=7)" in capsys.readouterr().out
     built = trial("mixer", "toy", layers=2, objective_options={"extra": 3})
-    assert sum(p.numel() for p in objectives.model_for(built, 384).parameters()) == _param_counts(built)[0]
+    assert sum(p.numel() for p in objectives.model_for(built, 384).parameters()) == trial_param_counts(built)[0]
     assert objectives.target_counter(built) is objectives.count_next_tokens  # its torch module's, found by name
 
     for data, needle in [

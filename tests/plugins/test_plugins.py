@@ -416,8 +416,8 @@ def test_the_installed_example_package_is_found_by_its_entry_point_and_plans_wit
     path = sweep_file(tmp_path, [], architectures=("shiftmix", "mixer"))
     code = ("import sys\nfrom ablate.config import load_trials\n"
             f"trials = load_trials({str(path)!r})[1]\n"
-            "from ablate.cli.plan import _param_counts\n"
-            "print(trials[0].code, _param_counts(trials[0])[0], 'torch' in sys.modules)\n")
+            "from ablate.cli.plan import trial_param_counts\n"
+            "print(trials[0].code, trial_param_counts(trials[0])[0], 'torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120)
     assert out.returncode == 0, out.stderr
     code_of, params, torch_loaded = out.stdout.split()

@@ -129,12 +129,12 @@ def test_a_table_of_up_to_max_curves_runs_still_draws_one_line_per_run(tmp_path)
 
 
 def report_costs(tmp: Path, seeds: int, monkeypatch) -> tuple[int, int, int]:
-    """(runs, calls of _varying, SQL statements) of one report of 2 tables x 10 configurations x `seeds` runs."""
+    """(runs, calls of varying_axes, SQL statements) of one report of 2 tables x 10 configurations x `seeds` runs."""
     url, ids = fake_sweep(tmp, f"s{seeds}", grid([32, 64, 96, 128, 160], [1e-3, 2e-3], seeds), points=10)
     calls, statements = [], []
-    real = report.views._varying
+    real = report.views.varying_axes
     for caller in (report.tables, report.curves, report.samples):  # patched where each caller looks it up
-        monkeypatch.setattr(caller, "_varying", lambda *a: calls.append(1) or real(*a))
+        monkeypatch.setattr(caller, "varying_axes", lambda *a: calls.append(1) or real(*a))
 
     def count(conn, cursor, statement, *rest):
         statements.append(statement)

@@ -428,7 +428,7 @@ def test_a_trial_whose_trainer_fails_is_fail_and_the_study_goes_on(sqlite_url, t
     study = search.create_study(spec, sqlite_url)
     # the first trial's run finds an unreadable checkpoint in its run directory: its trainer fails at start-up
     doomed = search.suggest_trial(optuna.trial.FixedTrial({"lr": 1e-3}), spec)
-    run_id = search._register(store.connect(sqlite_url), spec, doomed, None)
+    run_id = search.register_trial(store.connect(sqlite_url), spec, doomed, None)
     settings = TrainerSettings(artifacts=artifacts, run_id=run_id, db_url=sqlite_url)
     checkpoint = run_dir(settings, doomed) / "checkpoint.pt"
     checkpoint.parent.mkdir(parents=True)

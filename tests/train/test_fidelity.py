@@ -254,14 +254,14 @@ def test_multi_token_sum_is_the_studys_sum_of_per_pass_means():
 
 
 def test_the_bidirectional_mixer_shares_one_feed_forward_per_block_between_its_streams():
-    from ablate.cli import _param_counts
+    from ablate.cli import trial_param_counts
 
     t = trial(objective="bidirectional", layers=3, d_model=32)
     model = objectives.model_for(t, 384)
     for f, r in zip(model.forward_stack.blocks, model.reverse_stack.blocks):
         assert r.ffn is f.ffn and r.ffn_norm is f.ffn_norm
         assert r.seq is not f.seq and r.seq_norm is not f.seq_norm  # separate forward and reverse mixings
-    assert sum(p.numel() for p in model.parameters()) == _param_counts(t)[0]
+    assert sum(p.numel() for p in model.parameters()) == trial_param_counts(t)[0]
     llama = objectives.model_for(trial(architecture="llama", heads=4, objective="bidirectional"), 384)
     assert llama.forward_stack.layers[0].mlp is not llama.reverse_stack.layers[0].mlp  # two whole stacks, as studied
 
