@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ablate.config.errors import AblateError, did_you_mean, one_of
 
 BUILTINS = "ablate.models"  # the package whose import registers the built-in families
 OBJECTIVE_BUILTINS = "ablate.objectives"  # and the one that registers the built-in objectives
 PLUGINS = "ablate.plugins"  # loading plugins (entry points, a stored source): named by path, as the built-ins are
+Entry = TypeVar("Entry")  # a Family or an ObjectiveEntry: what a Table holds (each has .name and .source)
 
 
 @dataclass(frozen=True)
@@ -70,18 +71,41 @@ def _stands_in(entry: Any) -> bool:
     return entry.source.kind == "recorded"
 
 
-def _refuse_case_twin(kind: str, name: str, table: dict[str, Any]) -> None:
-    """A name that differs from a registered one only by case (`LLaMA` beside `llama`) reads as the same name in
-    a report, a path or a shell: refused."""
-    twins = [known for known in table if known != name and known.lower() == str(name).lower()]
-    if twins:
-        raise AblateError(f"{kind} {name!r} differs from the registered {twins[0]!r} only by case "
-                          f"({table[twins[0]].source.describe()}); give it a name of its own")
+class Table(Generic[Entry]):
+    """One registry (families, or objectives): entries by name, in registration order. The same plugin may
+    register a name again (a re-read or edited file replaces its entry, as the plugin's own code replaces a
+    recorded stand-in); another source may not, nor a name that differs from a registered one only by case."""
 
+    def __init__(self, kind: str) -> None:
+        self.kind = kind  # "architecture" or "objective": how messages name an entry
+        self.entries: dict[str, Entry] = {}
 
-def _clash(kind: str, name: str, known: Source, new: Source) -> AblateError:
-    return AblateError(f"{kind} {name!r} is already registered ({known.describe()}); the {new.describe()} registers "
-                       f"it again: give one of them another name")
+    def add(self, entry: Entry) -> None:
+        twins = [known for known in self.entries if known != entry.name and known.lower() == str(entry.name).lower()]
+        if twins:  # `LLaMA` beside `llama` reads as the same name in a report, a path or a shell
+            raise AblateError(f"{self.kind} {entry.name!r} differs from the registered {twins[0]!r} only by case "
+                              f"({self.entries[twins[0]].source.describe()}); give it a name of its own")
+        known = self.entries.get(entry.name)
+        if known is not None and known != entry and not known.source.same_plugin(entry.source) and not _stands_in(known):
+            raise AblateError(f"{self.kind} {entry.name!r} is already registered ({known.source.describe()}); the "
+                              f"{entry.source.describe()} registers it again: give one of them another name")
+        self.entries[entry.name] = entry
+
+    def all(self) -> dict[str, Entry]:
+        """Every entry by name (the built-ins first, then installed plugins: the first lookup loads them)."""
+        _load_builtins()
+        return self.entries
+
+    def unknown(self, name: Any) -> str:
+        """The message for a name that no entry has, with the nearest names."""
+        known = self.all()
+        return f"unknown {self.kind} {name!r}{did_you_mean(str(name), known)}; known: {one_of(known)}"
+
+    def get(self, name: Any) -> Entry:
+        entry = self.all().get(name) if isinstance(name, str) else None
+        if entry is None:
+            raise AblateError(self.unknown(name))
+        return entry
 
 
 @dataclass(frozen=True)
@@ -123,18 +147,13 @@ class Family:
         return 0.0 if flops is None else flops(trial)
 
 
-_FAMILIES: dict[str, Family] = {}
+FAMILIES: Table[Family] = Table("architecture")
 _loaded = False
 
 
 def add_family(family: Family) -> None:
-    """Add a family to the table. The same plugin may register a name again (a re-read or edited file replaces
-    its entry); another source may not."""
-    _refuse_case_twin("architecture", family.name, _FAMILIES)
-    known = _FAMILIES.get(family.name)
-    if known is not None and known != family and not known.source.same_plugin(family.source) and not _stands_in(known):
-        raise _clash("architecture", family.name, known.source, family.source)
-    _FAMILIES[family.name] = family
+    """Add a family to the table (Table.add: the same plugin may register a name again, another may not)."""
+    FAMILIES.add(family)
 
 
 def register_architecture(name: str, model_module: str, options_module: str, description: str) -> None:
@@ -144,8 +163,7 @@ def register_architecture(name: str, model_module: str, options_module: str, des
 
 def families() -> dict[str, Family]:
     """Every registered family by name, in registration order (the built-ins first, then installed plugins)."""
-    _load_builtins()
-    return _FAMILIES
+    return FAMILIES.all()
 
 
 def _load_builtins() -> None:
@@ -161,15 +179,11 @@ def _load_builtins() -> None:
 
 def unknown_architecture(name: Any) -> str:
     """The message for a name that no family has, with the nearest names."""
-    known = families()
-    return f"unknown architecture {name!r}{did_you_mean(str(name), known)}; known: {one_of(known)}"
+    return FAMILIES.unknown(name)
 
 
 def check_architecture(name: str) -> Family:
-    family = families().get(name) if isinstance(name, str) else None
-    if family is None:
-        raise AblateError(unknown_architecture(name))
-    return family
+    return FAMILIES.get(name)
 
 
 def options_module(name: str) -> Any:
@@ -259,16 +273,12 @@ class ObjectiveEntry:
         return (total, inter) if counts is None else counts(trial, total, inter, vocab, family)
 
 
-_OBJECTIVES: dict[str, ObjectiveEntry] = {}
+OBJECTIVES: Table[ObjectiveEntry] = Table("objective")
 
 
 def add_objective(entry: ObjectiveEntry) -> None:
-    """Add an objective to the table; as add_family, the same plugin may register a name again, another may not."""
-    _refuse_case_twin("objective", entry.name, _OBJECTIVES)
-    known = _OBJECTIVES.get(entry.name)
-    if known is not None and known != entry and not known.source.same_plugin(entry.source) and not _stands_in(known):
-        raise _clash("objective", entry.name, known.source, entry.source)
-    _OBJECTIVES[entry.name] = entry
+    """Add an objective to the table (Table.add, as add_family)."""
+    OBJECTIVES.add(entry)
 
 
 def register_objective(name: str, module: str, options_module: str, description: str) -> None:
@@ -278,21 +288,16 @@ def register_objective(name: str, module: str, options_module: str, description:
 
 def objectives() -> dict[str, ObjectiveEntry]:
     """Every registered objective by name, in registration order (the built-ins first, then installed plugins)."""
-    _load_builtins()
-    return _OBJECTIVES
+    return OBJECTIVES.all()
 
 
 def unknown_objective(name: Any) -> str:
     """The message for a name that no objective has, with the nearest names."""
-    known = objectives()
-    return f"unknown objective {name!r}{did_you_mean(str(name), known)}; known: {one_of(known)}"
+    return OBJECTIVES.unknown(name)
 
 
 def objective(name: str) -> ObjectiveEntry:
-    entry = objectives().get(name) if isinstance(name, str) else None
-    if entry is None:
-        raise AblateError(unknown_objective(name))
-    return entry
+    return OBJECTIVES.get(name)
 
 
 def unmasked_objectives() -> tuple[str, ...]:
@@ -306,16 +311,16 @@ def unmasked_objectives() -> tuple[str, ...]:
 def registered(name: Any) -> Family | ObjectiveEntry | None:
     """The family, else the objective, registered under `name` (a trial's `code` names its plugins so)."""
     _load_builtins()
-    return _FAMILIES.get(name) or _OBJECTIVES.get(name)
+    return FAMILIES.entries.get(name) or OBJECTIVES.entries.get(name)
 
 
 def snapshot() -> tuple[dict[str, Family], dict[str, ObjectiveEntry]]:
     """Both tables as they are (a plugin that fails to load is undone back to this)."""
-    return dict(_FAMILIES), dict(_OBJECTIVES)
+    return dict(FAMILIES.entries), dict(OBJECTIVES.entries)
 
 
 def restore(saved: tuple[dict[str, Family], dict[str, ObjectiveEntry]]) -> None:
-    for table, entries in zip((_FAMILIES, _OBJECTIVES), saved):
+    for table, entries in zip((FAMILIES.entries, OBJECTIVES.entries), saved):
         table.clear()
         table.update(entries)
 
@@ -327,7 +332,7 @@ def code_of(architecture: Any, objective: Any) -> str | None:
     """`name@identity` of the plugins a trial's family and objective come from ('+' between two), None for
     built-ins: the trial's `code`, part of its fingerprint, so that an edited plugin makes new runs."""
     parts = []
-    for entry in (_FAMILIES.get(architecture), _OBJECTIVES.get(objective)):
+    for entry in (FAMILIES.entries.get(architecture), OBJECTIVES.entries.get(objective)):
         if entry is not None and entry.source.identity is not None and not _stands_in(entry):
             parts.append(f"{entry.name}@{entry.source.identity}")
     return "+".join(parts) or None
@@ -346,8 +351,8 @@ def with_code(data: dict[str, Any]) -> dict[str, Any]:
     architecture, objective = data.get("architecture"), data.get("objective", "clm")
     families(), objectives()
     if data.get("code") is not None:
-        if isinstance(architecture, str) and isinstance(objective, str) and (
-                architecture not in _FAMILIES or objective not in _OBJECTIVES) and isinstance(data["code"], str):
+        if isinstance(architecture, str) and isinstance(objective, str) and isinstance(data["code"], str) and (
+                architecture not in FAMILIES.entries or objective not in OBJECTIVES.entries):
             importlib.import_module(f"{PLUGINS}.recorded").stand_in(data["code"])
         return data
     code = code_of(architecture, objective) if isinstance(architecture, str) and isinstance(objective, str) else None

@@ -279,7 +279,7 @@ def toy_objective(tmp_path, monkeypatch) -> None:
     (tmp_path / "toy_objective_options.py").write_text(TOY_OPTIONS)
     (tmp_path / "toy_objective.py").write_text(TOY_MODEL)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_OBJECTIVES", dict(registry.objectives()))  # the table as it was, after the test
+    monkeypatch.setattr(registry.OBJECTIVES, "entries", dict(registry.objectives()))  # the table as it was, after the test
     registry.register_objective("toy", "toy_objective", "toy_objective_options", "a toy with extra parameters")
 
 

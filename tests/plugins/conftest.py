@@ -11,7 +11,7 @@ from ablate.plugins import load
 @pytest.fixture(autouse=True)
 def clean_registry(monkeypatch):
     registry.families()  # the built-ins and installed plugins, loaded before the snapshot
-    monkeypatch.setattr(registry, "_FAMILIES", dict(registry._FAMILIES))
-    monkeypatch.setattr(registry, "_OBJECTIVES", dict(registry._OBJECTIVES))
+    monkeypatch.setattr(registry.FAMILIES, "entries", dict(registry.FAMILIES.entries))
+    monkeypatch.setattr(registry.OBJECTIVES, "entries", dict(registry.OBJECTIVES.entries))
     monkeypatch.setattr(load, "_FILES", dict(load._FILES))
     monkeypatch.setattr(load, "BROKEN", dict(load.BROKEN))

@@ -26,7 +26,7 @@ def leaky() -> str:
     registry.families()  # the built-ins first
     registry.register_architecture(LEAKY, "tests.plugins.leaky", "tests.plugins.leaky", "test: reads the next token")
     yield LEAKY
-    registry._FAMILIES.pop(LEAKY)
+    registry.FAMILIES.entries.pop(LEAKY)
 
 
 def by_name(findings: list[Finding]) -> dict[str, Finding]:

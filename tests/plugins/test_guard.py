@@ -103,7 +103,7 @@ def test_a_family_that_routes_by_design_declares_it_and_is_registered(tmp_path, 
     from ablate.report.notes import run_notes
     from ablate.results.views import load_views
 
-    del registry._FAMILIES["guarded"]
+    del registry.FAMILIES.entries["guarded"]
     load._FILES.clear()
     _, views = load_views(store.connect(sqlite_url), "plug")
     assert registry.families()["guarded"].source.kind == "recorded"

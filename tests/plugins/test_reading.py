@@ -34,7 +34,7 @@ def registered(tmp_path: Path, url: str, tag: str) -> tuple[sa.Engine, TrialConf
     engine = store.connect(url)
     _, (run_id,) = store.register_sweep(engine, parse_spec(yaml.safe_load(path.read_text()), base_dir=tmp_path),
                                         [trial], plugins=stored.records_of([trial]))
-    del registry._FAMILIES["conv-test"]
+    del registry.FAMILIES.entries["conv-test"]
     load._FILES.clear()
     return engine, trial, run_id
 
@@ -90,7 +90,7 @@ def test_registering_a_plugin_trial_without_its_source_is_refused_and_writes_not
     store.register_sweep(engine, spec, [trial])  # stored once: a later registration needs no records
     with engine.connect() as conn:
         assert conn.scalar(sa.select(PluginSource.text)) == (tmp_path / "conv_plugin.py").read_text()
-    del registry._FAMILIES["conv-test"]
+    del registry.FAMILIES.entries["conv-test"]
     load._FILES.clear()
 
 
@@ -114,7 +114,7 @@ def test_generate_loads_a_plugin_run_only_from_the_file_it_was_trained_with(tmp_
     ready = stored.load_for(read, "sampling run 1", plugin=str(tmp_path / "conv_plugin.py"))
     assert registry.check_architecture("conv-test").source.kind == "file" and ready.code == trial.code
     write_plugin(tmp_path, tag="edited since", file="edited.py")
-    del registry._FAMILIES["conv-test"]
+    del registry.FAMILIES.entries["conv-test"]
     recorded.stand_in(trial.code)
     with pytest.raises(AblateError, match="is not the code sampling run 1 was trained with"):
         stored.load_for(read, "sampling run 1", plugin=str(tmp_path / "edited.py"))
