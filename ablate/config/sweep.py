@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from ablate.config.data import DatasetRef, PairsRef, TokenizerRef
 from ablate.config.errors import did_you_mean, one_of
 from ablate.config.trial import GRID_FIELDS, TrialConfig, fingerprint
-from ablate.config.units import Budget, EvalPlan, Frozen, Real, Whole, parse_at
+from ablate.config.units import X_KINDS, Budget, EvalPlan, Frozen, Real, Whole, parse_at
 
 NAME_MAX = 200  # characters of a sweep name, on every engine (sweeps.name is VARCHAR(200))
 
@@ -83,7 +83,7 @@ READING_ONLY = ("min_steps", "at", "group")  # report fields that change how run
 class ReportBlock(Frozen):
     tables: tuple[TableSpec, ...] = (TableSpec(),)
     # the figures' x axes: the x kinds of `at` and the dashboard (seconds are drawn in hours, minutes or seconds)
-    curves: tuple[Literal["seconds", "tokens", "steps", "flops"], ...] = ("seconds", "tokens")
+    curves: tuple[Literal[X_KINDS], ...] = ("seconds", "tokens")
     kind: Literal["loss", "memory"] = "loss"
     prompt: str | None = None
     orderings: tuple[Ordering, ...] = ()
@@ -91,7 +91,7 @@ class ReportBlock(Frozen):
     # a run with fewer optimizer steps is too short to compare (near the uniform guess): flagged, no verdict
     min_steps: int = Field(default=50, ge=0)
     # read every run at an equal budget of another kind, on its curve: {flops: 1e15}, {tokens: 50M}, {seconds: 600}
-    at: dict[Literal["flops", "tokens", "seconds", "steps"], Real | str] | None = None
+    at: dict[Literal[X_KINDS], Real | str] | None = None
     # one table (and figure) whose columns are these axes' combinations, every other axis averaged
     group: tuple[str, ...] | None = Field(default=None, min_length=1)
 

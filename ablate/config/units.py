@@ -256,7 +256,8 @@ class Horizon(Frozen):
 
 # ---------------------------------------------------------------- equal budgets (report.at, ablate report --at)
 
-AT_KINDS = ("flops", "tokens", "seconds", "steps")
+X_KINDS = ("steps", "tokens", "seconds", "flops")  # a loss curve's x and an equal budget's kind: one set of names for
+# the dashboard, the report's figures (report.curves) and `at`
 
 
 @dataclass(frozen=True)
@@ -290,14 +291,14 @@ def parse_at(value: str | dict[str, Any] | At | None) -> At | None:
         return value
     if isinstance(value, dict):
         if len(value) != 1:
-            raise ValueError(f"give exactly one of {', '.join(AT_KINDS)}, e.g. {{flops: 1e15}} (got {dict(value)})")
+            raise ValueError(f"give exactly one of {', '.join(X_KINDS)}, e.g. {{flops: 1e15}} (got {dict(value)})")
         ((kind, amount),) = value.items()
     else:
         kind, sep, amount = str(value).partition("=")
         if not sep:
             raise ValueError(f"{value!r}: write KIND=AMOUNT, e.g. tokens=50M, flops=1e15 or seconds=10m")
     kind = str(kind).strip()
-    if kind not in AT_KINDS:
-        raise ValueError(f"{kind!r}: the kind must be one of {', '.join(AT_KINDS)}, e.g. tokens=50M")
+    if kind not in X_KINDS:
+        raise ValueError(f"{kind!r}: the kind must be one of {', '.join(X_KINDS)}, e.g. tokens=50M")
     number = parse_duration(amount) if kind == "seconds" else parse_count(amount)
     return At(kind, number)

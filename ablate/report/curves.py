@@ -120,7 +120,7 @@ def _write_points_as_text(engine: sa.Engine, run: dict[int, tuple[str, Any]], f:
 
 
 X_LABELS = {"seconds": "training wall clock ({unit})", "tokens": "tokens seen", "steps": "steps",
-            "flops": "training FLOPs"}  # the x kinds of the dashboard and of `at` (results/equal.py's x_of)
+            "flops": "training FLOPs"}  # by config.units.X_KINDS, the dashboard's and `at`'s x kinds
 
 
 def draw_curves(engine: sa.Engine, table: Table, x_axes: tuple[str, ...] = ("seconds", "tokens"),

@@ -19,12 +19,12 @@ from ablate import store
 from ablate.config.axes import AXIS_FIELDS
 from ablate.config.errors import AblateError
 from ablate.config.trial import fields_that_differ
+from ablate.config.units import X_KINDS
 from ablate.results.bands import MAX_POINTS, thin
 from ablate.results.equal import x_of
 from ablate.results.points import run_points
 from ablate.results.status import FIRST, RUN_COLUMNS, status_row
 
-X_KINDS = ("steps", "tokens", "seconds", "flops")
 
 
 def sweep_summaries(engine: sa.Engine) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 
 from ablate import store
 from ablate.config.errors import AblateError
+from ablate.config.units import X_KINDS
 from ablate.results import live, searches
 from ablate.results.bands import group_curves
 from ablate.ui import table
@@ -206,12 +207,12 @@ def _pages(app: Any, engine: sa.Engine, db_text: str) -> None:
     @app.get("/sweep", response_class=HTMLResponse)
     def sweep_page(name: str) -> HTMLResponse:
         row = live.sweep_row(engine, name)
-        return html("sweep.html.j2", name=row.name, description=row.description or "", x_kinds=live.X_KINDS)
+        return html("sweep.html.j2", name=row.name, description=row.description or "", x_kinds=X_KINDS)
 
     @app.get("/run/{run_id}", response_class=HTMLResponse)
     def run_page(run_id: int) -> HTMLResponse:
         _run_id(run_id)
-        return html("run.html.j2", run_id=run_id, x_kinds=live.X_KINDS)
+        return html("run.html.j2", run_id=run_id, x_kinds=X_KINDS)
 
     @app.get("/search", response_class=HTMLResponse)
     def search_page(name: str) -> HTMLResponse:

@@ -99,6 +99,10 @@ def test_the_curves_x_axis_is_seconds_as_on_the_dashboard_and_hours_still_reads_
     assert load_spec(REPO / "sweeps" / "smoke.yaml").fingerprint() == "8ba1521712f88537"  # registered DBs match it
     with pytest.raises(SpecError, match="curves"):
         parse_spec(spec_with(report={"curves": ["minutes"]}))
+    from ablate.config.units import X_KINDS
+    from ablate.report.curves import X_LABELS
+
+    assert set(X_LABELS) == set(X_KINDS)  # every x kind has its axis label in the report's figures
 
 
 def test_budget_parsing():
