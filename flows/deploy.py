@@ -17,6 +17,7 @@ from prefect import flow
 from ablate import store
 from ablate.config.errors import AblateError
 from ablate.config import load_spec
+from ablate.config.launch import LaunchOptions
 from ablate.config.settings import environment
 
 REPO = Path(__file__).resolve().parent.parent
@@ -168,7 +169,7 @@ def deploy_all(sweeps_dir: Path = REPO / "sweeps", db_url: str | None = None, ar
     for hardware in sorted({s.budget.hardware for s in specs.values()} | set(pools)):
         ensure_pool(hardware, slots.get(hardware))  # None: no pool-wide cap; each worker runs one trial per GPU
         names.append(_deploy("flows/sweep.py:trial", source, say, name=hardware, work_pool_name=hardware,
-                             parameters=shared))
+                             parameters={"launch": LaunchOptions(**shared).for_trial_flow()}))
     for path, spec in specs.items():
         rel = path.resolve().relative_to(source.resolve()) if path.resolve().is_relative_to(source.resolve()) else path
         names.append(_deploy("flows/sweep.py:sweep", source, say, name=spec.name, work_pool_name=SWEEP_POOL,

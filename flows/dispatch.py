@@ -82,7 +82,7 @@ def dispatch_to_pool(hardware: str, todo: list[int], opts: runner.LaunchOptions,
         # the same key for a retried request: a creation whose answer was lost in an outage is not made twice
         key = f"{this_flow_run.id}:{rid}:{dispatches[rid]}"
         flow_run = ride_out(lambda: run_deployment(
-            f"trial/{hardware}", parameters={"run_id": rid, **opts.flow_parameters(), "database": database},
+            f"trial/{hardware}", parameters={"run_id": rid, "launch": opts.for_trial_flow(), "database": database},
             timeout=0, as_subflow=True, tags=[tag(rid)], idempotency_key=key, work_queue_name=queue, **again),
             log, f"dispatching run {rid}")
         live[rid] = flow_run.id

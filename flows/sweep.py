@@ -14,13 +14,13 @@ run --watch` exits non-zero), Cancelled when it was cancelled, else Completed.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.states import Cancelled
 
 from ablate import runner, store
+from ablate.config.launch import LaunchOptions
 from ablate.config.errors import AblateError, one_line
 from flows.hosts import first_error, owed_report, tagged
 
@@ -38,29 +38,27 @@ class TrialsFailed(Exception):
 # map functions (110 lines of bytecode per sweep, and the scan then sees nothing). What the flows say goes through
 # get_run_logger(); warnings of the runner go to the worker's stderr.
 @flow(name="trial")
-def trial(run_id: int, db_url: str | None = None, artifacts: str = "results/artifacts",
-          checkpoint_every: float | None = None, memory_cap_mb: float | None = None,
-          gpu_ids: list[int] | None = None, threads: int | None = None, retry_failed: bool = False,
-          warm: bool = False, database: str | None = None) -> Any:
+def trial(run_id: int, launch: LaunchOptions | None = None, retry_failed: bool = False,
+          database: str | None = None) -> Any:
     """Claim one run and train it (resuming from its checkpoint); its status. A run another process holds,
     finished or that a user cancelled is left alone. (`retry_failed` is kept for older deployments: the sweep
-    flow makes cancelled runs it retries pending before dispatching them.) `warm`: fork the trainer from this
-    process's warm helper (ablate/runner/warm.py), which the sweep flow's local trials share; a deployment's trial
-    runs alone in its flow-run process, where a helper would cost more than it saves, so it starts cold.
-    `database`: the id of the sweep's results DB, given by a cluster sweep: this host's DB (`db_url` or
+    flow makes cancelled runs it retries pending before dispatching them.) `launch`: the sweep's LaunchOptions,
+    one parameter (ablate/config/launch.py); its `warm` forks the trainer from this process's warm helper
+    (ablate/runner/warm.py), which the sweep flow's local trials share, while a deployment's trial runs alone in its
+    flow-run process, where a helper would cost more than it saves, so it starts cold (the default here).
+    `database`: the id of the sweep's results DB, given by a cluster sweep: this host's DB (`launch.db_url` or
     ABLATE_DB_URL) must be that one, or the trial fails before touching any database.
     An error says this host first (flows/hosts.py), so that the sweep sends the run elsewhere."""
+    opts = launch or LaunchOptions(warm=False)
     try:
         if database is not None:
-            db_url = runner.cluster_db_url(db_url, database)
-        opts = runner.LaunchOptions(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every,
-                                    memory_cap_mb=memory_cap_mb, gpu_ids=gpu_ids, threads=threads, warm=warm)
+            opts = opts.but(db_url=runner.cluster_db_url(opts.db_url, database))
         status = runner.run_trial(run_id, opts)
     except Exception as exc:  # a host-level fault (no DB, a missing driver, a full disk): before the run is claimed
         raise TrialFailed(tagged(f"run {run_id}: {one_line(exc, 'the worker log')}")) from exc
     get_run_logger().info("run %s: %s", run_id, status)
     if status == "failed":
-        raise TrialFailed(tagged(f"run {run_id} failed: {_reason(store.connect(db_url), run_id)}"))
+        raise TrialFailed(tagged(f"run {run_id} failed: {_reason(store.connect(opts.db_url), run_id)}"))
     if status == "cancelled":
         return Cancelled(message=f"run {run_id} was cancelled")
     return status
@@ -106,9 +104,9 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
     (the overrides, `merge` and `prepare_data` are then what that registration used).
     """
     log = get_run_logger()
-    opts = runner.LaunchOptions(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every,
-                                memory_cap_mb=memory_cap_mb, threads=threads)
     try:
+        opts = LaunchOptions(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every,
+                             memory_cap_mb=memory_cap_mb, threads=threads)
         if registered is None:
             registered = _register(log, spec, opts, use_deployments, merge, prepare_data, {
                 "budget": budget, "source": source, "holdout": holdout, "vocab_size": vocab_size, "gpus": gpus,
@@ -119,7 +117,7 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
         raise
 
 
-def _register(log: Any, spec: str, opts: runner.LaunchOptions, use_deployments: bool, merge: bool,
+def _register(log: Any, spec: str, opts: LaunchOptions, use_deployments: bool, merge: bool,
               prepare_data: bool, overrides: dict[str, Any]) -> runner.Registration:
     """Check the spec (and its data, with `prepare_data`) and register its runs."""
     hardware = overrides["hardware"]
@@ -132,7 +130,7 @@ def _register(log: Any, spec: str, opts: runner.LaunchOptions, use_deployments: 
     return runner.Registration.of(parsed, sweep_id, run_ids)
 
 
-def _sweep(log: Any, registered: runner.Registration, opts: runner.LaunchOptions, gpu_slots: int,
+def _sweep(log: Any, registered: runner.Registration, opts: LaunchOptions, gpu_slots: int,
            retry_failed: bool, use_deployments: bool) -> Any:
     """Run the registered sweep's runs that are owed, here or on its pool."""
     engine = store.connect(opts.db_url)
@@ -157,19 +155,19 @@ def _sweep(log: Any, registered: runner.Registration, opts: runner.LaunchOptions
     return _final(done, engine, name)
 
 
-def _run_here(gpus_per_trial: int, todo: list[int], opts: runner.LaunchOptions, gpu_slots: int,
+def _run_here(gpus_per_trial: int, todo: list[int], opts: LaunchOptions, gpu_slots: int,
               engine: Any) -> Any:
     """The trials as nested flow runs of this process: one per slot at a time, each slot its own GPUs."""
     from flows.dispatch import Dispatched
 
     slots = max(1, gpu_slots // gpus_per_trial)
-    opts = replace(opts, threads=opts.threads or runner.default_threads(min(slots, max(1, len(todo))), gpus_per_trial))
+    opts = opts.but(threads=opts.threads or runner.default_threads(min(slots, max(1, len(todo))), gpus_per_trial))
     warm = len(todo) > 1  # one helper for all of them (ablate/runner/warm.py); a single trial starts cold
     done = Dispatched()
 
     def one(rid: int, gpu_ids: list[int] | None) -> None:
         # a failed trial is in its row, read below; one that failed before claiming it says why in its state
-        state = trial(rid, **opts.flow_parameters(), gpu_ids=gpu_ids, warm=warm, return_state=True)
+        state = trial(rid, opts.but(gpu_ids=gpu_ids, warm=warm), return_state=True)
         done.dispatches[rid] += 1
         if state.is_failed():
             done.failures[rid] = [first_error(state)]

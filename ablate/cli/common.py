@@ -126,11 +126,17 @@ def launch_flags(threads_help: str) -> Callable:
 
 
 def launch_of(params: dict[str, Any], db_url: str | None) -> Any:
-    """The launch flags, taken out of a command's parameters, as one runner.LaunchOptions."""
-    from ablate.runner.launch import LaunchOptions
+    """The launch flags, taken out of a command's parameters, as one LaunchOptions (a bad value names its flag)."""
+    from pydantic import ValidationError
 
-    return LaunchOptions(db_url=db_url, artifacts=params.pop("artifacts"), threads=params.pop("threads"),
-                         checkpoint_every=params.pop("checkpoint_every"), memory_cap_mb=params.pop("memory_cap_mb"))
+    from ablate.config.errors import AblateError
+    from ablate.config.launch import FLOW_FIELDS, LaunchOptions, problems
+
+    given = {k: params.pop(k) for k in FLOW_FIELDS if k != "db_url"}
+    try:
+        return LaunchOptions(db_url=db_url, **given)
+    except ValidationError as exc:
+        raise AblateError(problems(exc, lambda field: "--" + field.replace("_", "-"))) from None
 
 
 def _stack(decorators: list[Callable]) -> Callable:

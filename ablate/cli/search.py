@@ -3,7 +3,6 @@ here; `report` writes the study's best trial, importances and plots."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ def run(spec: str, workers: int, n_trials: int | None, seed: int | None, db: str
     parsed = load_spec(spec)
     search.check_search(parsed, spec)
     opts = launch_of(params, db)
-    opts = replace(opts, threads=opts.threads or runner.default_threads(workers, parsed.budget.gpus))
+    opts = opts.but(threads=opts.threads or runner.default_threads(workers, parsed.budget.gpus))
     total = search.planned_trials(parsed.search, n_trials)
     console.print(f"search {parsed.name}: {total} trials ({parsed.search.sampler}, pruner {parsed.search.pruner}), "
                   f"{workers} worker(s) here, {parsed.budget.describe()} each")

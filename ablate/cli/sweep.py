@@ -4,7 +4,6 @@ following one that runs on a cluster."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from typing import Any
 
 import click
@@ -136,10 +135,10 @@ def run(spec: str, max_trials: int, gpu_slots: int | None, retry_failed: bool, m
     os.environ["ABLATE_DB_URL"] = store.resolve_url(db)  # for the flow and its trainers, which get db_url=None
     # measured now, before the local Prefect server starts (it would count as another job)
     gpus = parsed.budget.gpus
-    opts = replace(opts, threads=opts.threads or runner.default_threads(max(1, gpu_slots // gpus), gpus))
+    opts = opts.but(threads=opts.threads or runner.default_threads(max(1, gpu_slots // gpus), gpus))
     console.print(f"sweep {parsed.name}: {len(ids)} trials, {parsed.budget.describe()} each, {opts.threads} thread(s) "
                   f"per trainer; results in {store.describe_url(str(engine.url))}")
-    flow_params = dict(spec=str(spec), **opts.flow_parameters(), gpu_slots=gpu_slots, retry_failed=retry_failed)
+    flow_params = dict(spec=str(spec), **opts.flow_fields(), gpu_slots=gpu_slots, retry_failed=retry_failed)
     if len(ids) <= PASSED_RUNS:  # the flow runs what was just registered
         flow_params["registered"] = runner.Registration.of(parsed, sweep_id, ids)
     else:  # the flow registers the spec again, as it would on a cluster

@@ -6,6 +6,7 @@
     registry.py   the architecture and objective tables, name -> the modules that know it (ablate.models and
                   ablate.objectives register the built-ins there)
     trial.py      TrialConfig and its fingerprint, recipes
+    launch.py     LaunchOptions: how a worker starts trainers (not a trial's identity), carried whole to them
     sweep.py      SweepSpec and its blocks: search, report, reference, retrieval
     grid.py       grid expansion into trials
     load.py       load_spec / parse_spec / load_trials: a sweep file, with overrides, validated
@@ -27,6 +28,7 @@ _HOMES = {
     **dict.fromkeys(['load_spec', 'load_trials', 'override_spec', 'parse_spec'], 'load'),
     **dict.fromkeys(['Ordering', 'Reference', 'ReportBlock', 'RetrievalPlan', 'RetrievalSettings', 'SearchBlock', 'SearchParam', 'SweepSpec', 'TableSpec', 'reference_for'], 'sweep'),
     'AXIS_FIELDS': 'axes',
+    'LaunchOptions': 'launch',
     **dict.fromkeys(['GRID_FIELDS', 'RECIPES', 'SWEEP_LEVEL_FIELDS', 'TrialConfig', 'describe_recipe', 'fingerprint', 'trial_fingerprint', 'with_recipe'], 'trial'),
     **dict.fromkeys(['Budget', 'EvalPlan', 'HARDWARE_PROFILES', 'Horizon', 'parse_count', 'parse_duration'], 'units'),
 }

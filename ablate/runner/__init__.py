@@ -2,7 +2,7 @@
 
 host.py         facts about this host: its cores and how busy they are, its GPUs, whether a pid lives, threads per trainer,
                 its name and trial queue in a cluster's pools, the results DB a dispatched trial must find here
-launch.py       LaunchOptions and trainer_command: what a trial's trainer is started with
+launch.py       trainer_command: a trial's trainer's argv, from the worker's LaunchOptions (config/launch.py)
 trials.py       run_trial (claim, start, watch, classify), STOP, runs_to_do, uncancel, cancel
 sweep.py        register and prepare_data (token caches first), Registration, sweep_id/sweep_runs
 warm.py         the warm helper that forks trainers with torch already imported (started as `python -m ablate.runner.warm`)

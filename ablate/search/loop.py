@@ -7,7 +7,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -67,12 +66,12 @@ def run_search(spec: SweepSpec | str | Path, db_url: str | None = None, opts: ru
     create_study(spec, url, spec_path=spec_path, storage=storage)  # the storage is shared by the worker threads
     total = planned_trials(spec.search, n_trials)
     seed = default_seed(spec.name) if seed is None else seed
-    opts = replace(opts or runner.LaunchOptions(), db_url=url)
+    opts = (opts or runner.LaunchOptions()).but(db_url=url)
     gpu_groups = _gpu_groups(workers, spec.budget.gpus) if opts.gpu_ids is None else None
     stop = stop or threading.Event()
 
     def worker(i: int) -> list[TrialOutcome]:
-        worker_opts = replace(opts, gpu_ids=gpu_groups[i]) if gpu_groups else opts
+        worker_opts = opts.but(gpu_ids=gpu_groups[i]) if gpu_groups else opts
         return run_worker(spec, storage, worker_opts, total, seed=seed, spec_path=spec_path,
                           poll_seconds=poll_seconds, heartbeat_seconds=heartbeat_seconds, on_trial=on_trial, stop=stop)
 

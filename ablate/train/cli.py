@@ -13,11 +13,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from pydantic import ValidationError
 
 from ablate import store
 from ablate.config import TrialConfig
 from ablate.plugins import stored
 from ablate.config.errors import AblateError, one_line
+from ablate.config.launch import LaunchOptions, problems
 from ablate.train.state import Dist, TrainerSettings
 from ablate.train.loop import train, whole_log
 from ablate.config.settings import environment
@@ -41,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
     src.add_argument("--run-id", type=int, help="train this run of the results DB")
     src.add_argument("--config", help="a trial config as JSON (or @file.json); nothing is recorded without --run-id")
     p.add_argument("--db", default=None, help="results database URL (default: $ABLATE_DB_URL or results/ablate.db)")
+    p.add_argument("--launch", default=None, help="the worker's LaunchOptions as JSON (what the runner passes; "
+                   "the flags below are for a trainer started by hand, and it beats them)")
     p.add_argument("--artifacts", default=str(environment().artifacts))
     p.add_argument("--checkpoint-every", type=float, default=None,
                    help="seconds between checkpoints (default: a tenth of the run's expected length, 30 s to 10 min)")
@@ -50,6 +54,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: every core)")
     return p
+
+
+def launch_of(args: argparse.Namespace) -> LaunchOptions:
+    """The runner's `--launch`, or a LaunchOptions of the hand flags; a bad value names the field."""
+    try:
+        if args.launch is not None:
+            return LaunchOptions.model_validate_json(args.launch)
+        return LaunchOptions(artifacts=args.artifacts, checkpoint_every=args.checkpoint_every,
+                             memory_cap_mb=args.memory_cap_mb, threads=args.threads, quiet=args.quiet)
+    except ValidationError as exc:
+        raise AblateError(f"the trainer's launch options: {problems(exc)}") from None
 
 
 class Unfailing:
@@ -93,10 +108,9 @@ def main(argv: list[str] | None = None) -> int:
             text = Path(args.config[1:]).read_text() if args.config.startswith("@") else args.config
             trial = TrialConfig.model_validate(json.loads(text))
         trial = stored.ensure(trial)  # exactly the plugin code the trial was registered with
-        settings = TrainerSettings(artifacts=Path(args.artifacts).resolve(), db_url=args.db, run_id=args.run_id,
-                                   checkpoint_every=args.checkpoint_every, memory_cap_mb=args.memory_cap_mb,
-                                   resume=not args.no_resume, progress=not args.quiet, device=args.device,
-                                   threads=args.threads, claimant=claimant, db_id=db_id)
+        settings = TrainerSettings.launched(launch_of(args), db_url=args.db, run_id=args.run_id,
+                                            resume=not args.no_resume, device=args.device, claimant=claimant,
+                                            db_id=db_id)
         outcome = train(trial, settings, dist_)
         if dist_.distributed:  # no rank tears gloo/NCCL down while another still writes its end (SIGABRT at exit)
             dist.barrier()

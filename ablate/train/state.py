@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ablate import store
 from ablate.config import TrialConfig
+from ablate.config.launch import LaunchOptions
 
 
 @dataclass
@@ -39,6 +40,12 @@ class TrainerSettings:
     threads: int | None = None  # torch intra-op threads; None: torch's default (every core)
     claimant: str | None = None  # the claim this process trains under (store.claim_run); writes are fenced by it
     db_id: str | None = None  # the results database's identity: keys this run's artifacts
+
+    @classmethod
+    def launched(cls, launch: LaunchOptions, **rest: Any) -> TrainerSettings:
+        """The settings of a trainer started with these LaunchOptions (config/launch.py), plus the rest."""
+        return cls(artifacts=launch.artifacts.resolve(), checkpoint_every=launch.checkpoint_every,
+                   memory_cap_mb=launch.memory_cap_mb, threads=launch.threads, progress=not launch.quiet, **rest)
 
 
 @dataclass

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 import yaml
 
 from ablate import runner, store
+from ablate.config.errors import AblateError
 from ablate.config import TrialConfig
 from tests.waiting import Deadline, patience
 
@@ -284,32 +285,53 @@ def test_trainer_command_uses_torchrun_for_several_gpus(tmp_path):
     assert cmd[cmd.index("--run-id") + 1] == "7"
 
 
-def test_launch_options_are_the_flows_parameters_and_the_trainers_argv(tmp_path):
-    """One declaration: the flows' parameters build it and come back out of it, the trainer reads back its argv."""
+def test_launch_options_travel_whole_to_the_trial_flow_and_the_trainer(tmp_path):
+    """One declaration: the user-facing flows take its FLOW_FIELDS one by one and rebuild it; the trial flow takes
+    it as one parameter (JSON on a cluster); the trainer reads it back from one argument, without the DB URL."""
     import inspect
     import json
-    from dataclasses import replace
 
     from ablate.config import load_trials
-    from ablate.train.cli import parser
+    from ablate.config.launch import FLOW_FIELDS, TRAINER_FIELDS, LaunchOptions
+    from ablate.train.cli import launch_of, parser
+    from ablate.train.state import TrainerSettings
     from flows.search import search
     from flows.sweep import sweep, trial
 
-    opts = runner.LaunchOptions(artifacts=str(tmp_path / "art"), checkpoint_every=12.5, memory_cap_mb=900.0,
-                                threads=2, gpu_ids=[0, 1])  # as JSON flow parameters give them
+    opts = LaunchOptions(db_url="sqlite:///x.db", artifacts=str(tmp_path / "art"), checkpoint_every=12.5,
+                         memory_cap_mb=900.0, threads=2, gpu_ids=[0, 1])  # as JSON flow parameters give them
     assert opts.artifacts == tmp_path / "art" and opts.gpu_ids == (0, 1)
-    params = json.loads(json.dumps(opts.flow_parameters()))
-    assert runner.LaunchOptions(**params) == replace(opts, gpu_ids=None)
-    for flow in (trial, sweep):  # the names every deployment and `prefect deployment run --param` use
-        assert set(params) <= set(inspect.signature(flow.fn).parameters), flow.name
-    assert {"db_url", "artifacts", "checkpoint_every", "memory_cap_mb"} <= set(inspect.signature(search.fn).parameters)
+    flat = json.loads(json.dumps(opts.flow_fields()))
+    assert set(flat) == set(FLOW_FIELDS) and LaunchOptions(**flat) == opts.but(gpu_ids=None)
+    assert set(FLOW_FIELDS) <= set(inspect.signature(sweep.fn).parameters)  # `--param checkpoint_every=2` and co.
+    assert set(FLOW_FIELDS) - {"threads"} <= set(inspect.signature(search.fn).parameters)
+    assert set(inspect.signature(trial.fn).parameters) == {"run_id", "launch", "retry_failed", "database"}
+    to_trial = LaunchOptions.model_validate(json.loads(json.dumps(opts.for_trial_flow())))
+    assert to_trial == opts.but(gpu_ids=None, warm=False)  # a deployment's trial: its worker pins, it starts cold
+
     _, trials = load_trials(smoke_spec(tmp_path))
     argv = runner.trainer_command(trials[0], 7, opts)
+    assert argv[argv.index("ablate.train") + 1:argv.index("--launch")] == ["--run-id", "7"]
+    assert not any("x.db" in part for part in argv)
     args = parser().parse_args(argv[argv.index("ablate.train") + 1:])
-    assert (args.run_id, Path(args.artifacts), args.checkpoint_every, args.memory_cap_mb, args.threads, args.quiet) \
-        == (7, opts.artifacts, 12.5, 900.0, 2, True)
-    plain = parser().parse_args(runner.trainer_command(trials[0], 7, runner.LaunchOptions(quiet=False))[3:])
-    assert (plain.checkpoint_every, plain.memory_cap_mb, plain.threads, plain.quiet) == (None, None, None, False)
+    assert args.run_id == 7 and launch_of(args) == LaunchOptions(**opts.model_dump(include=set(TRAINER_FIELDS)))
+    settings = TrainerSettings.launched(launch_of(args), run_id=7)
+    assert (settings.artifacts, settings.checkpoint_every, settings.memory_cap_mb, settings.threads,
+            settings.progress) == (tmp_path / "art", 12.5, 900.0, 2, False)
+    by_hand = parser().parse_args(["--run-id", "7", "--threads", "3", "--artifacts", "a"])  # the hand flags
+    assert (launch_of(by_hand).threads, launch_of(by_hand).quiet, launch_of(by_hand).artifacts) == (3, False, Path("a"))
+    assert LaunchOptions(threads=0, checkpoint_every=0) == LaunchOptions()  # `--threads 0`: the default
+
+
+def test_a_bad_launch_option_names_its_flag_or_field(tmp_path):
+    from ablate.cli.common import launch_of as cli_launch_of
+    from ablate.train.cli import launch_of, parser
+
+    params = {"artifacts": "a", "threads": None, "checkpoint_every": -5.0, "memory_cap_mb": None}
+    with pytest.raises(AblateError, match="--checkpoint-every: Input should be greater than 0"):
+        cli_launch_of(params, db_url=None)
+    with pytest.raises(AblateError, match="launch options: chekpoint_every: Extra inputs are not permitted"):
+        launch_of(parser().parse_args(["--run-id", "1", "--launch", '{"chekpoint_every": 3}']))
 
 
 def test_run_options_the_old_name_of_launch_options_is_gone():

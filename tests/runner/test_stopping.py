@@ -176,7 +176,7 @@ def test_a_failed_trial_flow_ends_failed_with_the_reason(sqlite_url, tmp_path):
     run = store.get_run(engine, rid)
     broken = {**run.config, "dataset": {**run.config["dataset"], "source": str(tmp_path / "gone.txt")}}
     store.update_run(engine, rid, config=broken)  # the file went away after the sweep was checked
-    state = trial(rid, db_url=sqlite_url, artifacts=str(tmp_path / "art"), threads=1, return_state=True)
+    state = trial(rid, runner.LaunchOptions(db_url=sqlite_url, artifacts=tmp_path / "art", threads=1), return_state=True)
     assert state.is_failed() and f"run {rid} failed: dataset.source: no such file" in state.message, state.message
     assert store.get_run(engine, rid).status == "failed"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -302,5 +303,6 @@ def test_busy_cores_sees_a_job_that_keeps_a_core_busy():
         spinner.kill()
         spinner.wait()
     command = runner.trainer_command(make_trial(), 7, runner.LaunchOptions(threads=3))
-    assert command[command.index("--threads") + 1] == "3"
-    assert "--threads" not in runner.trainer_command(make_trial(), 7, runner.LaunchOptions())
+    assert json.loads(command[command.index("--launch") + 1])["threads"] == 3
+    command = runner.trainer_command(make_trial(), 7, runner.LaunchOptions())
+    assert json.loads(command[command.index("--launch") + 1])["threads"] is None
