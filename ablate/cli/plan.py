@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
@@ -12,6 +12,9 @@ from rich.table import Table
 from ablate.cli.common import (ASSIGNMENTS_HELP, OVERRIDES_NOTE, STATUS_ROWS, about, assignments_argument, console,
                                db_option, err_console, human_count, human_seconds, override_options, overrides_of)
 from ablate.config.errors import AblateError
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 
 @click.command(**about("validate a sweep file and list its trials",
@@ -83,7 +86,7 @@ def _print_plugins(trials: list[Any]) -> None:
         console.print(f"plugin {escape(name)}: {escape(entry.source.describe())}{counted}")
 
 
-def _reference_text(spec: Any, trial: Any) -> str:
+def _reference_text(spec: Any, trial: TrialConfig) -> str:
     """The published result a trial reproduces (train/eval loss, or peak memory), if the spec names one."""
     from ablate.config import reference_for
 
@@ -154,7 +157,7 @@ def objective_label(objective: str, options: dict | None) -> str:
 KNOWN_VOCABS = {"gpt2": 50257, "gpt2-medium": 50257, "gpt-neo-125m": 50257, "llama-7b": 32000}
 
 
-def trial_param_counts(trial: Any) -> tuple[int, int]:
+def trial_param_counts(trial: TrialConfig) -> tuple[int, int]:
     """(total, inter-token; None where the family does not say) parameters from the family's closed form (a plugin
     without one: built on the meta device) and the objective's (torch-free)."""
     from ablate.config import registry

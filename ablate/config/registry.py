@@ -130,17 +130,20 @@ class Family:
         """Whether param_count is a formula (else counting builds the model on the meta device)."""
         return hasattr(self.options_module(), "param_count")
 
+    # trial: a TrialConfig, typed Any: config.trial imports this module (a circle, tests/test_layout.py)
     def param_count(self, trial: Any, vocab_size: int) -> int:
         count = getattr(self.options_module(), "param_count", None)
         if count is not None:
             return count(trial, vocab_size)
         return importlib.import_module(f"{PLUGINS}.load").meta_count(self, trial, vocab_size)  # imports torch
 
+    # trial: a TrialConfig, typed Any: config.trial imports this module (a circle, tests/test_layout.py)
     def inter_token_params(self, trial: Any) -> int | None:
         """The parameters that mix tokens (recorded per run); None: the family does not say."""
         count = getattr(self.options_module(), "inter_token_params", None)
         return None if count is None else count(trial)
 
+    # trial: a TrialConfig, typed Any: config.trial imports this module (a circle, tests/test_layout.py)
     def mixing_flops_per_token(self, trial: Any) -> float:
         """Token-mixing FLOPs per token that are not parameter multiplies (attention's scores); default none."""
         flops = getattr(self.options_module(), "mixing_flops_per_token", None)
@@ -255,17 +258,20 @@ class ObjectiveEntry:
         return (f"objective {self.name!r} is built for architectures {one_of(allowed)}, not {architecture!r}; "
                 f"use one of those or objective: clm")
 
+    # trial: a TrialConfig, typed Any: config.trial imports this module (a circle, tests/test_layout.py)
     def check_trial(self, trial: Any) -> None:
         """Its checks of a whole trial (ValueError), past what Options validates; default none."""
         check = getattr(self.options(), "check_trial", None)
         if check is not None:
             check(trial)
 
+    # trial: a TrialConfig, typed Any: config.trial imports this module (a circle, tests/test_layout.py)
     def passes(self, trial: Any) -> tuple[float, float]:
         """(forward passes over all parameters, stacks of token mixing) per token, relative to one causal pass."""
         passes = getattr(self.options(), "passes", None)
         return (1.0, 1.0) if passes is None else passes(trial)
 
+    # trial: a TrialConfig, typed Any: config.trial imports this module (a circle, tests/test_layout.py)
     def param_counts(self, trial: Any, total: int, inter: int, vocab: int, family: Any) -> tuple[int, int]:
         """(total, inter-token) parameters of its model, from one model's of the family (`family`: its options
         module); default unchanged."""

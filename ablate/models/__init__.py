@@ -14,11 +14,14 @@ from __future__ import annotations
 import types
 import typing
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ablate.config.registry import (check_architecture, families, model_module, options_model, options_module,
                                     register_architecture)
 from ablate.config.registration import architecture
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 __all__ = ["build", "check_architecture", "families", "family", "list_families",
            "options_model", "options_module", "register_architecture", "ZOO"]
@@ -40,7 +43,7 @@ def family(name: str) -> ModuleType:
     return model_module(name)
 
 
-def build(trial: Any, vocab_size: int):
+def build(trial: TrialConfig, vocab_size: int):
     """Build the trial's model: the only way the trainer gets one."""
     return family(trial.architecture).build(trial, vocab_size)
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
+    from ablate.config.trial import TrialConfig
+
 
 @runtime_checkable
 class FamilyOptions(Protocol):
@@ -20,18 +22,18 @@ class FamilyOptions(Protocol):
 
     Options: type  # frozen pydantic model of the family's options, extra keys forbidden
 
-    def param_count(self, trial: Any, vocab_size: int) -> int: ...
+    def param_count(self, trial: TrialConfig, vocab_size: int) -> int: ...
 
-    def inter_token_params(self, trial: Any) -> int: ...
+    def inter_token_params(self, trial: TrialConfig) -> int: ...
 
-    def mixing_flops_per_token(self, trial: Any) -> float: ...
+    def mixing_flops_per_token(self, trial: TrialConfig) -> float: ...
 
 
 @runtime_checkable
 class FamilyModule(Protocol):
     """A family's model module (imports torch): the options module's names plus the builder."""
 
-    def build(self, trial: Any, vocab_size: int) -> nn.Module: ...
+    def build(self, trial: TrialConfig, vocab_size: int) -> nn.Module: ...
 
 
 @runtime_checkable

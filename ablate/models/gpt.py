@@ -8,16 +8,21 @@ their GPT rows show eval loss below train loss (masked-mixers-1.md, 2.04/1.96).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import Tensor, nn
 
 # options and sizes live without torch in gpt_options; the registry contract re-exports them here
 from ablate.models.gpt_options import Options, inter_token_params, mixing_flops_per_token, param_count  # noqa: F401
 
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
+
 
 class GPT(nn.Module):
     """Wraps the transformers model so that forward returns a plain logits tensor."""
 
-    def __init__(self, trial, vocab_size: int):
+    def __init__(self, trial: TrialConfig, vocab_size: int):
         super().__init__()
         from transformers import GPT2Config, GPT2LMHeadModel, OpenAIGPTConfig, OpenAIGPTLMHeadModel
 
@@ -43,5 +48,5 @@ class GPT(nn.Module):
         return self.hf.lm_head(self.hidden_states(input_ids))  # (B, T, V)
 
 
-def build(trial, vocab_size: int) -> nn.Module:
+def build(trial: TrialConfig, vocab_size: int) -> nn.Module:
     return GPT(trial, vocab_size)

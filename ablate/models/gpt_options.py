@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 
 class Options(BaseModel):
@@ -14,20 +17,20 @@ class Options(BaseModel):
     dropout: float = Field(0.1, ge=0, lt=1, description="residual, embedding and attention dropout (0.1: transformers' default, as the studies ran it)")
     tie_weights: bool = Field(True, description="share the token embedding with the LM head (both models tie by default)")
 
-    def check_trial(self, trial) -> None:
+    def check_trial(self, trial: TrialConfig) -> None:
         if trial.heads is None:
             raise ValueError("the gpt family needs heads (attention heads), e.g. heads: 4")
         if trial.kv_heads not in (None, trial.heads):
             raise ValueError("the gpt family has no grouped key/value heads; leave kv_heads unset")
 
 
-def inter_token_params(trial) -> int:
+def inter_token_params(trial: TrialConfig) -> int:
     """c_attn (d -> 3d) and attention c_proj (d -> d), with biases."""
     d = trial.d_model
     return trial.layers * (4 * d * d + 4 * d)
 
 
-def param_count(trial, vocab_size: int) -> int:
+def param_count(trial: TrialConfig, vocab_size: int) -> int:
     o, d = Options(**trial.options), trial.d_model
     mlp = 8 * d * d + 5 * d  # c_fc (d -> 4d) and c_proj (4d -> d), with biases
     layer = mlp + 4 * d  # + two LayerNorms
@@ -36,6 +39,6 @@ def param_count(trial, vocab_size: int) -> int:
     return n + (2 * d if o.variant == "gpt2" else 0)  # GPT-2's final LayerNorm
 
 
-def mixing_flops_per_token(trial) -> float:
+def mixing_flops_per_token(trial: TrialConfig) -> float:
     """Attention scores (2*T*d) and weighted sum (2*T*d) per layer at T = context, no causal halving."""
     return float(trial.layers * 4 * trial.context * trial.d_model)

@@ -14,6 +14,8 @@ The Llama-style pieces here (RMSNorm, rotary, Attention, SwiGLU, DecoderLayer) a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from einops import rearrange
@@ -22,6 +24,9 @@ from torch import Tensor, nn
 # options and sizes live without torch in hybrid_options; the registry contract re-exports them here
 from ablate.models.hybrid_options import Options, head_counts, inter_token_params, mixing_flops_per_token, param_count  # noqa: F401
 from ablate.models.mixer import SequenceMixing
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 
 # ---------------------------------------------------------------- Llama-style pieces
@@ -156,6 +161,6 @@ class Hybrid(nn.Module):
 # ---------------------------------------------------------------- registry contract
 
 
-def build(trial, vocab_size: int) -> nn.Module:
+def build(trial: TrialConfig, vocab_size: int) -> nn.Module:
     heads, kv_heads = head_counts(trial)
     return Hybrid(vocab_size, trial.d_model, trial.layers, heads, kv_heads, trial.context, Options(**trial.options))

@@ -5,11 +5,14 @@ The Llama-style layer sizes here (attention_params, decoder_layer_params) also s
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ablate.models.mixer_options import sequence_mixing_params
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 
 class Options(BaseModel):
@@ -19,12 +22,12 @@ class Options(BaseModel):
     intermediate: int | None = Field(None, gt=0, description="SwiGLU inner width; default 4 * d_model")
     tie_weights: bool = Field(False, description="share the token embedding with the LM head")
 
-    def check_trial(self, trial) -> None:
+    def check_trial(self, trial: TrialConfig) -> None:
         if trial.heads is None:
             raise ValueError("the hybrid family needs heads (attention heads), e.g. heads: 4")
 
 
-def head_counts(trial) -> tuple[int, int]:
+def head_counts(trial: TrialConfig) -> tuple[int, int]:
     """(query heads, key/value heads)."""
     return trial.heads, trial.kv_heads or trial.heads
 
@@ -40,19 +43,19 @@ def decoder_layer_params(d_model: int, heads: int, kv_heads: int, inner: int) ->
     return attention_params(d_model, heads, kv_heads) + 3 * d_model * inner + 2 * d_model
 
 
-def param_count(trial, vocab_size: int) -> int:
+def param_count(trial: TrialConfig, vocab_size: int) -> int:
     o, d = Options(**trial.options), trial.d_model
     heads, kv_heads = head_counts(trial)
     layer = decoder_layer_params(d, heads, kv_heads, o.intermediate or 4 * d) + sequence_mixing_params(trial.context)
     return vocab_size * d * (1 if o.tie_weights else 2) + trial.layers * layer + d
 
 
-def inter_token_params(trial) -> int:
+def inter_token_params(trial: TrialConfig) -> int:
     heads, kv_heads = head_counts(trial)
     return trial.layers * (attention_params(trial.d_model, heads, kv_heads) + sequence_mixing_params(trial.context))
 
 
-def mixing_flops_per_token(trial) -> float:
+def mixing_flops_per_token(trial: TrialConfig) -> float:
     """Attention scores and weighted sum, 2*T*d each (full T = context, no causal halving), plus the
     mixer's actual 2*T*d + d per token minus the 2*(T^2 + T) that 6N counts for its weights."""
     c, d = trial.context, trial.d_model

@@ -7,10 +7,15 @@ transformers is imported inside build() so that validating a spec does not pay f
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import Tensor, nn
 
 # options and sizes live without torch in llama_options; the registry contract re-exports them here
 from ablate.models.llama_options import Options, inter_token_params, mixing_flops_per_token, param_count  # noqa: F401
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 
 class Llama(nn.Module):
@@ -47,7 +52,7 @@ class Llama(nn.Module):
         return self.hf.lm_head(self.hidden_states(input_ids))  # (B, T, V)
 
 
-def hf_config(trial, vocab_size: int):
+def hf_config(trial: TrialConfig, vocab_size: int):
     from transformers import LlamaConfig
 
     o = Options(**trial.options)
@@ -69,5 +74,5 @@ def hf_config(trial, vocab_size: int):
     )
 
 
-def build(trial, vocab_size: int) -> nn.Module:
+def build(trial: TrialConfig, vocab_size: int) -> nn.Module:
     return Llama(hf_config(trial, vocab_size))

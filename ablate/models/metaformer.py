@@ -22,6 +22,8 @@ Token mixers (per head h, head width k = d_model / heads):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from einops import rearrange
@@ -29,6 +31,9 @@ from torch import Tensor, nn
 
 # options and sizes live without torch in metaformer_options; the registry contract re-exports them here
 from ablate.models.metaformer_options import Options, inter_token_params, mixing_flops_per_token, param_count  # noqa: F401
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 
 # ---------------------------------------------------------------- token mixers
@@ -168,5 +173,5 @@ class MetaFormer(nn.Module):
 # ---------------------------------------------------------------- registry contract
 
 
-def build(trial, vocab_size: int) -> nn.Module:
+def build(trial: TrialConfig, vocab_size: int) -> nn.Module:
     return MetaFormer(vocab_size, trial.d_model, trial.layers, trial.heads, trial.context, Options(**trial.options))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ablate.config import registry
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 MIXERS_WITH_HEADS = ("attention", "metric", "quadratic")
 
@@ -34,7 +37,7 @@ class Options(BaseModel):
             raise ValueError(f"pool_kernel must be odd (a window centred on each position), got {v}")
         return v
 
-    def check_trial(self, trial) -> None:
+    def check_trial(self, trial: TrialConfig) -> None:
         if self.token_mixer in MIXERS_WITH_HEADS and trial.heads is None:
             raise ValueError(f"token_mixer {self.token_mixer!r} needs heads, e.g. heads: 4")
         if trial.kv_heads not in (None, trial.heads):
@@ -53,7 +56,7 @@ class Options(BaseModel):
         return None
 
 
-def inter_token_params(trial) -> int:
+def inter_token_params(trial: TrialConfig) -> int:
     o, d = Options(**trial.options), trial.d_model
     bias = 1 if o.bias else 0
     if o.token_mixer == "attention":
@@ -66,7 +69,7 @@ def inter_token_params(trial) -> int:
     return trial.layers * per_layer
 
 
-def param_count(trial, vocab_size: int) -> int:
+def param_count(trial: TrialConfig, vocab_size: int) -> int:
     o, d = Options(**trial.options), trial.d_model
     inner = o.ffn_mult * d
     norms = 2 * d if o.token_mixer == "none" else 4 * d  # no mixer sublayer: no norm before it either
@@ -75,7 +78,7 @@ def param_count(trial, vocab_size: int) -> int:
     return n + inter_token_params(trial) + trial.layers * layer
 
 
-def mixing_flops_per_token(trial) -> float:
+def mixing_flops_per_token(trial: TrialConfig) -> float:
     """Attention-like mixers: scores 2*T*d + weighted sum 2*T*d per layer at T = context (no causal
     halving); p F is a per-token matmul with the form's weights, already in 2N. Pooling is elementwise
     (cumulative sums), not counted, like norms and activations."""

@@ -25,6 +25,7 @@ add a learned positional embedding instead.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,9 @@ from torch import Tensor, nn
 
 # options and sizes live without torch in mixer_options; the registry contract re-exports them here
 from ablate.models.mixer_options import Options, inter_token_params, mixing_flops_per_token, param_count  # noqa: F401
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 
 # ---------------------------------------------------------------- sequence mixing
@@ -207,5 +211,5 @@ class MaskedMixer(nn.Module):
 # ---------------------------------------------------------------- registry contract
 
 
-def build(trial, vocab_size: int) -> nn.Module:
+def build(trial: TrialConfig, vocab_size: int) -> nn.Module:
     return MaskedMixer(vocab_size, trial.d_model, trial.layers, trial.context, Options(**trial.options))

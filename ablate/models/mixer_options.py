@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 
 class Options(BaseModel):
@@ -26,7 +29,7 @@ class Options(BaseModel):
     tie_weights: bool = Field(False, description="share the token embedding with the LM head")
     ffn_mult: int = Field(4, ge=1, description="feed-forward inner width as a multiple of d_model")
 
-    def check_trial(self, trial) -> None:
+    def check_trial(self, trial: TrialConfig) -> None:
         if self.mixer_heads and not self.head_dim and trial.d_model % self.mixer_heads:
             raise ValueError(
                 f"mixer_heads={self.mixer_heads} does not divide d_model={trial.d_model}; "
@@ -56,7 +59,7 @@ def sequence_mixing_params(context: int, groups: int = 1, expand: int = 1, kerne
     return parallel * groups * (2 * kernel * inner * c + inner + c)
 
 
-def _mixing_params(trial) -> int:
+def _mixing_params(trial: TrialConfig) -> int:
     o = Options(**trial.options)
     d = o.block_width(trial.d_model)
     n = sequence_mixing_params(trial.context, max(o.mixer_heads, 1), o.expand, o.kernel, o.parallel_convs)
@@ -66,14 +69,14 @@ def _mixing_params(trial) -> int:
     return n
 
 
-def feed_forward_params(trial) -> int:
+def feed_forward_params(trial: TrialConfig) -> int:
     """Parameters of one block's feed-forward and its norm (shared by the bidirectional mixer's two streams)."""
     o = Options(**trial.options)
     w = o.block_width(trial.d_model)
     return 2 * o.ffn_mult * w * w + o.ffn_mult * w + w + (2 * w if o.norm else 0)
 
 
-def param_count(trial, vocab_size: int) -> int:
+def param_count(trial: TrialConfig, vocab_size: int) -> int:
     o, d = Options(**trial.options), trial.d_model
     w = o.block_width(d)
     norms = 4 * w if o.norm else 0
@@ -85,12 +88,12 @@ def param_count(trial, vocab_size: int) -> int:
     return n
 
 
-def inter_token_params(trial) -> int:
+def inter_token_params(trial: TrialConfig) -> int:
     """Sequence-mixing weights and biases, plus the mixer-head projections."""
     return trial.layers * _mixing_params(trial)
 
 
-def mixing_flops_per_token(trial) -> float:
+def mixing_flops_per_token(trial: TrialConfig) -> float:
     """Actual forward FLOPs/token of the sequence mixing minus the 2 * its-params already in 6N.
 
     Convention (as for attention elsewhere): dense T x T maps at T = context, masked zeros included,

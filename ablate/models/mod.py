@@ -25,6 +25,7 @@ clears them), so that it joins the main loss before any fp16 loss scaling.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,9 @@ from torch import Tensor, nn
 from ablate.models.hybrid import DecoderLayer, RMSNorm, init_llama_style, rotary
 # options and sizes live without torch in mod_options; the registry contract re-exports them here
 from ablate.models.mod_options import Options, dimensions, inter_token_params, mixing_flops_per_token, param_count  # noqa: F401
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 
 class RoutedLayer(nn.Module):
@@ -128,6 +132,6 @@ class MixtureOfDepths(nn.Module):
 # ---------------------------------------------------------------- registry contract
 
 
-def build(trial, vocab_size: int) -> nn.Module:
+def build(trial: TrialConfig, vocab_size: int) -> nn.Module:
     o, heads, kv_heads, _ = dimensions(trial)
     return MixtureOfDepths(vocab_size, trial.d_model, trial.layers, heads, kv_heads, o)

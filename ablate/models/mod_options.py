@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ablate.models.hybrid_options import attention_params, decoder_layer_params
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 # MoD trains by top-k over the sequence (the paper's design): read by the contract check (ablate check: train-mode
 # logits may read later tokens) and by the report, which says so under the tables of any family that declares it
@@ -33,7 +36,7 @@ class Options(BaseModel):
     intermediate: int | None = Field(None, gt=0, description="SwiGLU inner width; default 4 * d_model")
     tie_weights: bool = Field(False, description="share the token embedding with the LM head")
 
-    def check_trial(self, trial) -> None:
+    def check_trial(self, trial: TrialConfig) -> None:
         if trial.heads is None:
             raise ValueError("the mod family needs heads (attention heads), e.g. heads: 4")
         if reason := self.non_causal_reason():
@@ -62,7 +65,7 @@ class Options(BaseModel):
         return max(1, math.ceil(exact) if self.capacity_rounding == "ceil" else int(exact))
 
 
-def dimensions(trial) -> tuple[Options, int, int, int]:
+def dimensions(trial: TrialConfig) -> tuple[Options, int, int, int]:
     """(options, heads, key/value heads, SwiGLU inner width)."""
     o = Options(**trial.options)
     return o, trial.heads, trial.kv_heads or trial.heads, o.intermediate or 4 * trial.d_model
@@ -75,7 +78,7 @@ def routed_layer_params(d_model: int, heads: int, kv_heads: int, inner: int) -> 
     return decoder_layer_params(d_model, heads, kv_heads, inner) + d_model + aux
 
 
-def param_count(trial, vocab_size: int) -> int:
+def param_count(trial: TrialConfig, vocab_size: int) -> int:
     o, heads, kv_heads, inner = dimensions(trial)
     d = trial.d_model
     routed = sum(o.is_routed(i) for i in range(trial.layers))
@@ -84,12 +87,12 @@ def param_count(trial, vocab_size: int) -> int:
     return n + vocab_size * d * (1 if o.tie_weights else 2) + d
 
 
-def inter_token_params(trial) -> int:
+def inter_token_params(trial: TrialConfig) -> int:
     _, heads, kv_heads, _ = dimensions(trial)
     return trial.layers * attention_params(trial.d_model, heads, kv_heads)
 
 
-def mixing_flops_per_token(trial) -> float:
+def mixing_flops_per_token(trial: TrialConfig) -> float:
     """Per token, averaged over the sequence, at T = context, no causal halving:
     full blocks: attention 4*T*d; routed blocks: attention among the C routed tokens, 4*C^2*d/T, minus
     2 * block params for the (1 - C/T) tokens that skip the block (6N counts every token through it)."""

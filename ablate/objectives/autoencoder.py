@@ -8,15 +8,18 @@ the task cannot be solved by copying tokens. Mixer and Llama stacks, sharing one
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
 from ablate.objectives.base import LossFn, aligned_loss, count_aligned, stacks
 
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
+
 
 class Autoencoder(nn.Module):
-    def __init__(self, trial: Any, vocab_size: int):
+    def __init__(self, trial: TrialConfig, vocab_size: int):
         super().__init__()
         self.encoder, self.decoder = stacks(trial, vocab_size)
 
@@ -32,7 +35,7 @@ class Autoencoder(nn.Module):
         return self.decode(self.encode(input_ids), input_ids.shape[1])
 
 
-def build(trial: Any, vocab_size: int) -> nn.Module:
+def build(trial: TrialConfig, vocab_size: int) -> nn.Module:
     return Autoencoder(trial, vocab_size)
 
 
@@ -40,9 +43,9 @@ def reconstruction_loss(model: nn.Module, input_ids: Tensor, labels: Tensor) -> 
     return aligned_loss(model(input_ids), labels)  # position t reconstructs token t (pads are -100)
 
 
-def loss(trial: Any) -> LossFn:
+def loss(trial: TrialConfig) -> LossFn:
     return reconstruction_loss
 
 
-def count(trial: Any):
+def count(trial: TrialConfig):
     return count_aligned

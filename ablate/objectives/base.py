@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from ablate.config import registry
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 IGNORE_INDEX = -100
 
@@ -30,14 +33,14 @@ def module(objective: str) -> ModuleType:
     return registry.objective(objective).load()
 
 
-def loss_function(trial: Any) -> LossFn:
+def loss_function(trial: TrialConfig) -> LossFn:
     """The trainer's loss for a trial: (model, input_ids, labels) -> (loss sum, token count); next-token loss for
     an objective registered without one."""
     loss = getattr(module(trial.objective), "loss", None)
     return next_token_loss if loss is None else loss(trial)
 
 
-def target_counter(trial: Any) -> Callable[[Tensor], int]:
+def target_counter(trial: TrialConfig) -> Callable[[Tensor], int]:
     """labels (B, T) on the host -> how many targets the trial's loss counts in them.
 
     The same number the loss returns as its count, known before the forward pass without a device
@@ -47,19 +50,19 @@ def target_counter(trial: Any) -> Callable[[Tensor], int]:
     return count_next_tokens if count is None else count(trial)
 
 
-def token_counter(trial: Any) -> Callable[[Tensor], int]:
+def token_counter(trial: TrialConfig) -> Callable[[Tensor], int]:
     """labels (B, T) on the host -> the real input tokens they stand for (throughput, token budgets)."""
     return getattr(module(trial.objective), "input_tokens", count_next_tokens)
 
 
-def check_data(trial: Any, prepared: Any) -> None:
+def check_data(trial: TrialConfig, prepared: Any) -> None:
     """The objective's own check of the prepared corpus, once before training (most have none)."""
     check = getattr(module(trial.objective), "check_data", None)
     if check is not None:
         check(trial, prepared)
 
 
-def reports_accuracy(trial: Any) -> bool:
+def reports_accuracy(trial: TrialConfig) -> bool:
     """Whether the eval pass reports the fraction of rows classified right (the objective's ACCURACY)."""
     return getattr(module(trial.objective), "ACCURACY", False)
 
@@ -72,7 +75,7 @@ def count_aligned(labels: Tensor) -> int:
     return int((labels != IGNORE_INDEX).sum())
 
 
-def model_for(trial: Any, vocab_size: int) -> nn.Module:
+def model_for(trial: TrialConfig, vocab_size: int) -> nn.Module:
     """The model a trial trains: the registry's model for `clm`; other objectives wrap or pair stacks."""
     return module(trial.objective).build(trial, vocab_size)
 
@@ -88,7 +91,7 @@ class Objective(nn.Module):
     retrieval use it).
     """
 
-    def __init__(self, trial: Any, model: nn.Module):
+    def __init__(self, trial: TrialConfig, model: nn.Module):
         super().__init__()
         self.model = model
         self.loss_fn = loss_function(trial)
@@ -125,7 +128,7 @@ def next_token_loss(model: nn.Module, input_ids: Tensor, labels: Tensor) -> tupl
     return causal_lm_loss(model(input_ids), labels)
 
 
-def stacks(trial: Any, vocab_size: int) -> tuple[nn.Module, nn.Module]:
+def stacks(trial: TrialConfig, vocab_size: int) -> tuple[nn.Module, nn.Module]:
     """Two models of the trial's architecture; the second without embedding and head (it uses the first's)."""
     from ablate import models
 

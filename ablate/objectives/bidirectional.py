@@ -16,16 +16,19 @@ study's forward_model and reverse_model), sharing only the embedding and head.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from ablate.objectives.base import LossFn, aligned_loss, count_aligned, stacks
 
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
+
 
 class Bidirectional(nn.Module):
-    def __init__(self, trial: Any, vocab_size: int):
+    def __init__(self, trial: TrialConfig, vocab_size: int):
         super().__init__()
         self.forward_stack, self.reverse_stack = stacks(trial, vocab_size)  # the embedding and head are shared
         if trial.architecture == "mixer":
@@ -41,7 +44,7 @@ class Bidirectional(nn.Module):
         return self.forward_stack.head(both)  # (B, T, V): position t predicts token t
 
 
-def build(trial: Any, vocab_size: int) -> nn.Module:
+def build(trial: TrialConfig, vocab_size: int) -> nn.Module:
     return Bidirectional(trial, vocab_size)
 
 
@@ -49,9 +52,9 @@ def bidirectional_loss(model: nn.Module, input_ids: Tensor, labels: Tensor) -> t
     return aligned_loss(model(input_ids), labels)
 
 
-def loss(trial: Any) -> LossFn:
+def loss(trial: TrialConfig) -> LossFn:
     return bidirectional_loss
 
 
-def count(trial: Any):
+def count(trial: TrialConfig):
     return count_aligned

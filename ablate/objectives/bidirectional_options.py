@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ablate.config.units import Frozen
 from ablate.objectives.stack_options import WITH_PARTS, two_stacks
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 ARCHITECTURES = WITH_PARTS
 
@@ -15,11 +18,11 @@ class Options(Frozen):
     """No options: objective_options stays empty."""
 
 
-def passes(trial: Any) -> tuple[float, float]:
+def passes(trial: TrialConfig) -> tuple[float, float]:
     return 1.0, 2.0  # two stacks, each run once: parameters already count both
 
 
-def param_counts(trial: Any, total: int, inter: int, vocab: int, family: ModuleType) -> tuple[int, int]:
+def param_counts(trial: TrialConfig, total: int, inter: int, vocab: int, family: ModuleType) -> tuple[int, int]:
     total, inter = two_stacks(trial, total, inter, vocab)
     if trial.architecture == "mixer":  # one feed-forward per block, shared by both streams
         total -= trial.layers * family.feed_forward_params(trial)

@@ -13,7 +13,7 @@ row's last real token and -100 elsewhere, so one tensor gives both the class and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -21,11 +21,14 @@ from torch import Tensor, nn
 
 from ablate.objectives.base import IGNORE_INDEX, LossFn
 
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
+
 ACCURACY = True  # the eval pass reports the fraction of rows classified right (Classifier.take_correct)
 
 
 class Classifier(nn.Module):
-    def __init__(self, trial: Any, vocab_size: int):
+    def __init__(self, trial: TrialConfig, vocab_size: int):
         super().__init__()
         from ablate import models
 
@@ -57,7 +60,7 @@ class Classifier(nn.Module):
         return correct
 
 
-def build(trial: Any, vocab_size: int) -> nn.Module:
+def build(trial: TrialConfig, vocab_size: int) -> nn.Module:
     return Classifier(trial, vocab_size)
 
 
@@ -75,11 +78,11 @@ def classification_loss(model: nn.Module, input_ids: Tensor, labels: Tensor) -> 
     return F.cross_entropy(scores.float(), classes, reduction="sum"), classes.new_tensor(len(classes))
 
 
-def loss(trial: Any) -> LossFn:
+def loss(trial: TrialConfig) -> LossFn:
     return classification_loss
 
 
-def count(trial: Any):
+def count(trial: TrialConfig):
     def targets(labels: Tensor) -> int:
         return int((labels != IGNORE_INDEX).sum())  # one class per labelled row
 
@@ -91,7 +94,7 @@ def input_tokens(labels: Tensor) -> int:
     return int(rows_of(labels)[0].sum())
 
 
-def check_data(trial: Any, prepared: Any) -> None:
+def check_data(trial: TrialConfig, prepared: Any) -> None:
     """Before training: the corpus's labels fit the head (else one message naming both settings)."""
     from ablate.config.errors import AblateError
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from ablate.config.units import Frozen, Whole
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 UNMASKED = True  # a class is read from the whole document at once: no causal evaluation is needed
 TOKEN_TARGETS = False  # its target is the class, at the end-of-text position: eos_is_target does not apply
@@ -21,13 +24,13 @@ class Options(Frozen):
     bias: bool = Field(True, description="a bias in the class projection (the MetaFormer study code's has none)")
 
 
-def check_trial(trial: Any) -> None:
+def check_trial(trial: TrialConfig) -> None:
     """Unlabelled documents would train nothing: refused in the spec."""
     if trial.dataset.label_field is None:
         raise ValueError("objective 'classification' needs labelled documents: set dataset.label_field (the "
                          "column of integer class labels, e.g. label_field: label for the hub's imdb)")
 
 
-def param_counts(trial: Any, total: int, inter: int, vocab: int, family: ModuleType) -> tuple[int, int]:
+def param_counts(trial: TrialConfig, total: int, inter: int, vocab: int, family: ModuleType) -> tuple[int, int]:
     settings = trial.objective_settings()  # the class head (the LM head stays, frozen)
     return total + trial.d_model * settings.classes + (settings.classes if settings.bias else 0), inter

@@ -12,20 +12,23 @@ Neither is comparable with plain `clm` runs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
 from ablate.objectives.base import IGNORE_INDEX, LossFn, aligned_loss, count_next_tokens, next_token_loss
 
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
-def build(trial: Any, vocab_size: int) -> nn.Module:
+
+def build(trial: TrialConfig, vocab_size: int) -> nn.Module:
     from ablate import models
 
     return models.build(trial, vocab_size)
 
 
-def loss(trial: Any) -> LossFn:
+def loss(trial: TrialConfig) -> LossFn:
     settings = trial.objective_settings()
     n, summed = settings.n_tokens, settings.loss == "sum"
 
@@ -47,7 +50,7 @@ def loss(trial: Any) -> LossFn:
     return multi_token_loss
 
 
-def count(trial: Any):
+def count(trial: TrialConfig):
     settings = trial.objective_settings()
     n, summed = settings.n_tokens, settings.loss == "sum"
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from ablate.config.units import Frozen, Whole
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 NEXT_TOKEN = True  # pass 1 is next-token prediction: a report samples completions from it
 
@@ -17,6 +20,6 @@ class Options(Frozen):
                                          "across n); sum: the study's sum of the passes' mean losses (n times larger)")
 
 
-def passes(trial: Any) -> tuple[float, float]:
+def passes(trial: TrialConfig) -> tuple[float, float]:
     n = trial.objective_settings().n_tokens
     return float(n), float(n)

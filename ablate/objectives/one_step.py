@@ -8,11 +8,14 @@ cross-entropy on the prediction half only (targets at positions >= split * T).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
 
 from ablate.objectives.base import IGNORE_INDEX, LossFn, causal_lm_loss
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 
 def given_length(split: float, length: int) -> int:
@@ -21,7 +24,7 @@ def given_length(split: float, length: int) -> int:
 
 
 class OneStep(nn.Module):
-    def __init__(self, trial: Any, vocab_size: int):
+    def __init__(self, trial: TrialConfig, vocab_size: int):
         super().__init__()
         from ablate import models
 
@@ -46,7 +49,7 @@ class OneStep(nn.Module):
         return self.model(input_ids)
 
 
-def build(trial: Any, vocab_size: int) -> nn.Module:
+def build(trial: TrialConfig, vocab_size: int) -> nn.Module:
     return OneStep(trial, vocab_size)
 
 
@@ -56,11 +59,11 @@ def completion_loss(model: nn.Module, input_ids: Tensor, labels: Tensor) -> tupl
     return causal_lm_loss(model(input_ids), targets)
 
 
-def loss(trial: Any) -> LossFn:
+def loss(trial: TrialConfig) -> LossFn:
     return completion_loss
 
 
-def count(trial: Any):
+def count(trial: TrialConfig):
     split = trial.objective_settings().split
 
     def targets(labels: Tensor) -> int:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from ablate.config.units import Frozen, Real, Whole
 from ablate.objectives.stack_options import WITH_PARTS
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 ARCHITECTURES = WITH_PARTS  # it masks between the model's `layers`
 
@@ -17,7 +20,7 @@ class Options(Frozen):
     mask_layer: Whole | None = Field(None, ge=1, description="blocks before the prediction half is masked; default layers // 2")
 
 
-def check_trial(trial: Any) -> None:
+def check_trial(trial: TrialConfig) -> None:
     """The mask falls between two blocks: refused in the spec, not as an IndexError when the model is built."""
     mask_layer = trial.objective_settings().mask_layer
     if mask_layer is not None and mask_layer >= trial.layers:

@@ -6,12 +6,15 @@ Those objectives (bidirectional, autoencoder, one_step) take a model apart: its 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 WITH_PARTS = ("mixer", "llama")  # the families whose models expose their parts
 
 
-def two_stacks(trial: Any, total: int, inter: int, vocab: int) -> tuple[int, int]:
+def two_stacks(trial: TrialConfig, total: int, inter: int, vocab: int) -> tuple[int, int]:
     """(total, inter-token) parameters of two stacks sharing one embedding and head, from one model's: the shared
     ends counted once (untied: two vocab x d_model matrices; tied: one)."""
     ends = vocab * trial.d_model * (1 if trial.effective_options().get("tie_weights") else 2)

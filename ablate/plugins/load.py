@@ -16,12 +16,15 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ablate.config import registry
 from ablate.config.errors import AblateError
 from ablate.config.identity import LOADING, file_identity, module_source
 from ablate.config.registry import Source
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 GROUP = "ablate.plugins"  # the entry-point group installed packages name their plugin module in
 
@@ -164,7 +167,7 @@ def load_entry_points() -> None:
 # ---------------------------------------------------------------- counting
 
 
-def meta_count(family: Any, trial: Any, vocab_size: int) -> int:
+def meta_count(family: Any, trial: TrialConfig, vocab_size: int) -> int:
     """Parameters of a family without a closed form, counted by building it on the meta device: shapes only, no
     memory (imports torch). A builder that computes on its tensors is built for real, once."""
     import torch

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 from pydantic_core import to_jsonable_python
@@ -24,6 +24,9 @@ from pydantic_core import to_jsonable_python
 from ablate.config import registry
 from ablate.config.errors import AblateError
 from ablate.config.registry import Family, ObjectiveEntry, Source, code_parts
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 RECORDED = "recorded"  # Source.kind of a stand-in: the plugin's facts, none of its code
 _OBJECTIVE_FLAGS = ("unmasked", "token_targets", "next_token", "architectures")
@@ -33,7 +36,7 @@ def is_recorded(entry: Any) -> bool:
     return entry is not None and entry.source.kind == RECORDED
 
 
-def unloaded(trial: Any) -> list[tuple[str, str]]:
+def unloaded(trial: TrialConfig) -> list[tuple[str, str]]:
     """The plugins of a stored `trial` whose code this process does not hold (recorded stand-ins)."""
     return [(name, identity) for name, identity in code_parts(trial.code or "")
             if is_recorded(registry.registered(name))]

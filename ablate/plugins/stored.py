@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ablate.config import registry
 from ablate.config.errors import AblateError
@@ -24,6 +24,9 @@ from ablate.config.identity import file_identity
 from ablate.config.registry import Source, code_parts
 from ablate.plugins.recorded import facts_of, is_recorded, not_loaded, unloaded
 from ablate.store.plugins import PluginRecords, stored_source
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 
 def records_of(trials: list[Any]) -> PluginRecords:
@@ -38,7 +41,7 @@ def records_of(trials: list[Any]) -> PluginRecords:
     return PluginRecords(tuple(found.values()), facts_of(trials))
 
 
-def ensure(trial: Any) -> Any:
+def ensure(trial: TrialConfig) -> Any:
     """Load exactly the code `trial` was registered with (before building it): its stored source where this
     process holds another version of a plugin, or only its recorded facts, or nothing. Returns the trial read
     again against that code (its options validated by the plugin's own Options)."""
@@ -48,7 +51,7 @@ def ensure(trial: Any) -> Any:
     return trial
 
 
-def load_for(trial: Any, what: str, plugin: str | None = None, run_stored: bool = False) -> Any:
+def load_for(trial: TrialConfig, what: str, plugin: str | None = None, run_stored: bool = False) -> Any:
     """`trial` read again with its plugins' code loaded, for `what` (a command that builds its model): from the
     file `plugin` (its identity must be the trial's), from the results DB's source when `run_stored`, else refused
     in one line. A trial whose plugins are loaded (or that has none) is returned as it is."""

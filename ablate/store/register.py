@@ -8,7 +8,7 @@ import platform
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -21,6 +21,9 @@ from ablate.store.engine import session_factory
 from ablate.store.plugins import PluginRecords
 from ablate.store.plugins import save as save_plugins
 from ablate.store.schema import OWED_UNSTARTED, Metric, PluginSource, Run, Sweep, utcnow
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 
 def library_versions() -> dict[str, str]:
@@ -56,7 +59,7 @@ def code_version() -> str | None:
         return stamp
 
 
-def run_code(ablate_code: str | None, trial: Any) -> str | None:
+def run_code(ablate_code: str | None, trial: TrialConfig) -> str | None:
     """A run's code_version: ablate's, then the identity of the plugins its trial runs (the names are in its
     config's `code`); past the column's 64 characters, one hash of them all."""
     from ablate.config.trial import fingerprint
@@ -216,7 +219,7 @@ def drop_stale_runs(engine: sa.Engine, sweep_id: int, keep: set[int]) -> int:
     return len(stale)
 
 
-def run_row(trial: Any, config: dict[str, Any], fp: str, sweep_id: int, index: int, code: str | None,
+def run_row(trial: TrialConfig, config: dict[str, Any], fp: str, sweep_id: int, index: int, code: str | None,
             versions: dict[str, str]) -> dict[str, Any]:
     """The columns of a new pending run of `trial` (`config`: its JSON dump, `fp`: its fingerprint)."""
     return dict(

@@ -12,7 +12,10 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ablate.config.trial import TrialConfig
 
 # Dense bf16/fp16 tensor-core peaks (FLOP/s, fp32 accumulate) by a substring of the device name.
 PEAK_FLOPS: dict[str, float] = {
@@ -119,7 +122,7 @@ def lr_at(position: float, peak: float, schedule: str, warmup: float, cooldown: 
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
-def schedule_position(trial: Any) -> Callable[[float, int, int, int, int | None], float]:
+def schedule_position(trial: TrialConfig) -> Callable[[float, int, int, int, int | None], float]:
     """Where a trial stands along its schedule (0..1, past 1 after its end) as a function of (budget fraction,
     step, tokens, samples, rows): the fraction of its `horizon` (steps, tokens or epochs), else of its budget."""
     h = trial.horizon
@@ -140,7 +143,7 @@ def schedule_position(trial: Any) -> Callable[[float, int, int, int, int | None]
     return position
 
 
-def schedule(trial: Any) -> Callable[[float, int, int, int, int | None], float]:
+def schedule(trial: TrialConfig) -> Callable[[float, int, int, int, int | None], float]:
     """A trial's learning rate as a function of (budget fraction, step, tokens, samples, rows): its schedule over
     its horizon (else the budget), its warm-up in steps or as a fraction. Settings are read once, here."""
     h, peak, kind, warmup_steps = trial.horizon, trial.lr, trial.schedule, trial.warmup_steps
