@@ -5,21 +5,13 @@ from __future__ import annotations
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from ablate.config.units import Frozen
 from ablate.objectives.stack_options import WITH_PARTS, two_stacks
+from ablate.objectives.stack_options import NoOptions as Options, two_passes as passes  # noqa: F401 - the registry's
 
 if TYPE_CHECKING:
     from ablate.config.trial import TrialConfig
 
 ARCHITECTURES = WITH_PARTS
-
-
-class Options(Frozen):
-    """No options: objective_options stays empty."""
-
-
-def passes(trial: TrialConfig) -> tuple[float, float]:
-    return 1.0, 2.0  # two stacks, each run once: parameters already count both
 
 
 def param_counts(trial: TrialConfig, total: int, inter: int, vocab: int, family: ModuleType) -> tuple[int, int]:

@@ -8,10 +8,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ablate.config.units import Frozen
+
 if TYPE_CHECKING:
     from ablate.config.trial import TrialConfig
 
 WITH_PARTS = ("mixer", "llama")  # the families whose models expose their parts
+
+
+class NoOptions(Frozen):
+    """No options: objective_options stays empty."""
+
+
+def two_passes(trial: TrialConfig) -> tuple[float, float]:
+    """(forward, backward) passes of two stacks, each run once: the parameters already count both."""
+    return 1.0, 2.0
 
 
 def two_stacks(trial: TrialConfig, total: int, inter: int, vocab: int) -> tuple[int, int]:
