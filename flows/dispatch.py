@@ -16,7 +16,8 @@ What a cluster does to trials, and what happens here (every ABLATE_DISPATCH_POLL
   again by the sweep flow's `on_cancellation` hook, which Prefect runs in the worker after it has killed
   this process (so a flow process that was stuck, or killed before it could, cancels its sweep all the same:
   the flow run carries the sweep's name and database as labels); after a server restart long enough that
-  Prefect's cancellation observer gave up, this process finds itself Cancelling and does it (CANCEL_CHECK_SECONDS);
+  Prefect's cancellation observer gave up, this process finds itself Cancelling and does it (all of it in
+  flows/cancel.py);
 - the Prefect API unreachable (a server restart): every call is retried with backoff for up to
   ABLATE_API_OUTAGE_SECONDS while the trainers go on (the log says when it went away and when it is back; the pool's
   workers are checked again only WORKER_CHECK_SECONDS later, once they have beaten); a trial flow run whose
@@ -31,6 +32,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections import Counter
+from collections.abc import Collection
 from typing import Any
 
 import sqlalchemy as sa
@@ -38,14 +40,14 @@ import sqlalchemy as sa
 from ablate import runner, store
 from ablate.config.errors import AblateError
 from ablate.config.settings import environment
+from flows.cancel import (CANCEL_CHECK_SECONDS, cancel_flow_run, cancel_trials, cancelled_in_prefect,
+                          stop_if_cancelled)
 from flows.hosts import first_error, redispatch_queue
 
 SETTLED = ("pending", "preempted", "running")  # row statuses that are not an outcome yet
 WORKER_CHECK_SECONDS = 60.0  # how often a sweep whose trials wait re-checks that their pool has a live worker
 API_BACK_AT = float("-inf")  # when the Prefect API last came back after an outage (time.monotonic)
 MAX_DISPATCHES = 5  # flow runs per run within one sweep flow run (each resumes the last one's checkpoint)
-CANCEL_CHECK_SECONDS = 5.0  # how often the sweep flow asks whether it is being cancelled (see _stop_if_cancelled)
-CANCEL_SEEN = False  # this flow run found itself Cancelling without Prefect having stopped it
 
 
 class Dispatched:
@@ -106,7 +108,7 @@ def dispatch_to_pool(hardware: str, todo: list[int], opts: runner.LaunchOptions,
                 time.sleep(environment().dispatch_poll_seconds)
                 if time.monotonic() >= next_cancel_check:
                     next_cancel_check = time.monotonic() + CANCEL_CHECK_SECONDS
-                    ride_out(lambda: _stop_if_cancelled(client, engine, live, log), log, "looking for a cancel")
+                    ride_out(lambda: stop_if_cancelled(client, engine, live, log), log, "looking for a cancel")
                 waiting = ride_out(lambda: _watch_once(client, engine, live, done, submit, hardware, log), log,
                                    "watching the trials")
                 # workers beat again only some seconds after the API is back: none looks live until then
@@ -114,7 +116,7 @@ def dispatch_to_pool(hardware: str, todo: list[int], opts: runner.LaunchOptions,
                     ride_out(lambda: check_workers(client, hardware, log), log, "checking the pool's workers")
                     next_worker_check = time.monotonic() + WORKER_CHECK_SECONDS
         except BaseException:
-            if _cancelled_in_prefect(client):
+            if cancelled_in_prefect(client):
                 cancel_trials(client, engine, live, log)
             raise
     return done
@@ -153,7 +155,7 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], done: Disp
         if state is None:
             continue
         if row.status == "cancelled" and not state.is_final():
-            _cancel_flow_run(client, fid, state)
+            cancel_flow_run(client, fid, state)
         elif state.is_final():
             owed = row.status in ("pending", "preempted") or (row.status == "running" and not store.is_live(row))
             if owed and dispatches[rid] < MAX_DISPATCHES and not runner.STOP.is_set():
@@ -245,18 +247,22 @@ def _dead(row: store.Run, state: Any) -> bool:
     return False
 
 
-def check_deployment(hardware: str) -> None:
-    """The trial deployment of the sweep's hardware exists, or one message says how to make it (checked before the
-    sweep registers anything)."""
+def check_deployment(hardware: str, takes: Collection[str]) -> None:
+    """The trial deployment of the sweep's hardware exists and its stored parameters are ones the trial flow
+    `takes`, or one message says how to make it (checked before the sweep registers or dispatches anything)."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
     try:
         with get_client(sync_client=True) as client:
-            client.read_deployment_by_name(f"trial/{hardware}")
+            stored = client.read_deployment_by_name(f"trial/{hardware}").parameters or {}
     except ObjectNotFound:
         raise AblateError(f"no deployment trial/{hardware}: this sweep's hardware {hardware!r} (an override?) has no work "
                           f"pool here; run `ablate deploy --pool {hardware}` and start workers for that pool") from None
+    unknown = sorted(set(stored) - set(takes))
+    if unknown:  # every trial it ran would fail on them: say it once, here
+        raise AblateError(f"deployment trial/{hardware} was registered by an older ablate: its parameters "
+                          f"{', '.join(unknown)} are not the trial flow's; run `ablate deploy` again")
 
 
 def check_workers(client: Any, pool: str, log: Any) -> bool:
@@ -275,124 +281,3 @@ def check_workers(client: Any, pool: str, log: Any) -> bool:
                 "of that class (`ablate worker --pool %s`; docker-compose.yml: the gpu-worker or cpu-worker service)",
                 pool, pool)
     return False
-
-
-def _cancel_flow_run(client: Any, flow_run_id: Any, state: Any) -> None:
-    """Cancel a trial flow run: a running one through Cancelling (its worker stops the process), else at once."""
-    from prefect.states import Cancelled, Cancelling
-
-    if state.is_final():
-        return
-    new = Cancelling() if state.is_running() else Cancelled(message="its sweep or run was cancelled")
-    client.set_flow_run_state(flow_run_id, new, force=True)
-
-
-def _cancelling(client: Any) -> bool:
-    """Whether this (sweep) flow run is being cancelled in Prefect; an unreachable API raises (for ride_out)."""
-    from prefect.runtime import flow_run
-
-    state = client.read_flow_run(flow_run.id).state
-    return state is not None and (state.is_cancelling() or state.is_cancelled())
-
-
-def _cancelled_in_prefect(client: Any) -> bool:
-    """`_cancelling`, False where there is no API to ask (on the way out: do not guess that the user cancelled)."""
-    try:
-        return _cancelling(client)
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def _stop_if_cancelled(client: Any, engine: sa.Engine, live: dict[int, Any], log: Any) -> None:
-    """Cancel the trials of a sweep flow run that is being cancelled in Prefect but still runs: the process
-    worker's cancellation observer gives up for good after about 30 s without an API (its poller's third failed
-    look), so after a longer server restart Prefect would never stop this process nor reach the trainers."""
-    global CANCEL_SEEN
-    if CANCEL_SEEN or not _cancelling(client):
-        return
-    log.warning("this sweep flow run is being cancelled in Prefect and was not stopped: cancelling its trials here")
-    cancel_trials(client, engine, live, log)
-    CANCEL_SEEN = True
-
-
-def end_cancelled(message: str, wait_seconds: float = 120.0) -> None:
-    """A deployment's sweep flow whose runs were cancelled (`ablate sweep cancel`) ends as a cancelled flow run does:
-    it asks Prefect to cancel it and waits to be stopped, so the worker logs a cancellation, not the error and
-    traceback that a flow returning a Cancelled state gets on a worker. Returns (to end Cancelled by returning the
-    state) where there is no deployment (`ablate sweep run`) or nothing stopped it within `wait_seconds`."""
-    from prefect.client.orchestration import get_client
-    from prefect.runtime import deployment, flow_run
-    from prefect.states import Cancelling
-
-    if deployment.id is None:
-        return
-    if CANCEL_SEEN:  # cancelled in Prefect, and nothing stopped this process then: nothing will now
-        wait_seconds = min(wait_seconds, 10.0)
-    try:
-        with get_client(sync_client=True) as client:
-            client.set_flow_run_state(flow_run.id, Cancelling(message=message), force=True)
-    except Exception:  # noqa: BLE001 - no API to ask: end by returning the state
-        return
-    time.sleep(wait_seconds)
-
-
-SWEEP_LABEL, DB_LABEL = "ablate.sweep", "ablate.database"
-
-
-def label_sweep_flow_run(engine: sa.Engine, name: str) -> None:
-    """Label this sweep flow run with its sweep and database, for `cancel_sweep_of` (run by the worker)."""
-    from prefect.client.orchestration import get_client
-    from prefect.runtime import flow_run
-
-    with get_client(sync_client=True) as client:
-        client.update_flow_run_labels(flow_run.id, {SWEEP_LABEL: name, DB_LABEL: store.database_id(engine)})
-
-
-def cancel_sweep_of(flow_run_id: Any) -> str | None:
-    """The sweep flow's `on_cancellation` hook (in the worker, after it killed the flow's process, or in that
-    process): every owed run of the labelled sweep becomes `cancelled`, as `ablate sweep cancel` does (trainers
-    stop at their next heartbeat), and the flow run's trial flow runs still waiting or running are cancelled.
-    What it did, or None for a flow run that registered no sweep."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterParentFlowRunId, FlowRunFilterState,
-                                                FlowRunFilterStateType)
-    from prefect.client.schemas.objects import StateType
-
-    with get_client(sync_client=True) as client:
-        flow_run = client.read_flow_run(flow_run_id)  # fresh: the labels came after the run started
-        name, database = flow_run.labels.get(SWEEP_LABEL), flow_run.labels.get(DB_LABEL)
-        if not name:
-            return None
-        engine = store.connect(flow_run.parameters.get("db_url"))
-        if store.database_id(engine) != database:
-            raise AblateError(f"sweep {name!r}: the database at {engine.url!r} is not the one this flow run "
-                              f"registered it in ({database}); cancel it there with `ablate sweep cancel {name}`")
-        waiting, stopping, _ = runner.cancel(engine, name, wait=0)
-        waiting_trials = FlowRunFilter(  # its trial flow runs not ended nor being cancelled, 200 at a time
-            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id]),
-            state=FlowRunFilterState(type=FlowRunFilterStateType(not_any_=[
-                StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED, StateType.CRASHED, StateType.CANCELLING])))
-        seen: set[Any] = set()
-        while batch := [fr for fr in client.read_flow_runs(flow_run_filter=waiting_trials, limit=200)
-                        if fr.id not in seen]:
-            for trial in batch:
-                _cancel_flow_run(client, trial.id, trial.state)
-                seen.add(trial.id)
-    return (f"sweep {name} cancelled: {waiting} waiting and {stopping} running runs marked cancelled (trainers "
-            f"stop at their next heartbeat), {len(seen)} trial flow runs cancelled")
-
-
-def cancel_trials(client: Any, engine: sa.Engine, live: dict[int, Any], log: Any) -> None:
-    """The sweep flow run was cancelled: its runs become `cancelled` (trainers on any host checkpoint and stop
-    within a heartbeat) and its trial flow runs are cancelled."""
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    with engine.begin() as conn:
-        conn.execute(sa.update(store.Run).where(store.Run.id.in_(list(live)), store.Run.status.in_(
-            ("pending", "preempted", "failed", "running"))).values(status="cancelled"))
-    if live:
-        for fr in client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(live.values()))),
-                                        limit=len(live)):
-            if fr.state is not None:
-                _cancel_flow_run(client, fr.id, fr.state)
-    log.warning("sweep cancelled: %d trial flow runs cancelled, their runs marked cancelled", len(live))

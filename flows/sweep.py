@@ -13,6 +13,7 @@ run --watch` exits non-zero), Cancelled when it was cancelled, else Completed.
 
 from __future__ import annotations
 
+import inspect
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -64,17 +65,20 @@ def trial(run_id: int, launch: LaunchOptions | None = None, retry_failed: bool =
     return status
 
 
+TRIAL_PARAMETERS = frozenset(inspect.signature(trial.fn).parameters)  # what a trial deployment may store
+
+
 def _reason(engine: Any, run_id: int) -> str:
     error = (store.get_run(engine, run_id).error or "").strip()
     return error.splitlines()[0][:300] if error else "no error recorded"
 
 
 def _cancel_sweep(flow: Any, flow_run: Any, state: Any) -> None:
-    """on_cancellation: the sweep's owed runs and waiting trial flow runs are cancelled (flows/dispatch.py), also
+    """on_cancellation: the sweep's owed runs and waiting trial flow runs are cancelled (flows/cancel.py), also
     when the flow's process was killed before it could do so itself (Prefect runs this hook in the worker)."""
     from prefect.logging.loggers import flow_run_logger
 
-    from flows.dispatch import cancel_sweep_of
+    from flows.cancel import cancel_sweep_of
 
     done = cancel_sweep_of(flow_run.id)
     if done:
@@ -124,7 +128,7 @@ def _register(log: Any, spec: str, opts: LaunchOptions, use_deployments: bool, m
     if use_deployments and hardware:  # a pool `ablate deploy` may not have made: said before anything is registered
         from flows.dispatch import check_deployment
 
-        check_deployment(hardware)
+        check_deployment(hardware, TRIAL_PARAMETERS)
     parsed, sweep_id, run_ids = runner.register(spec, opts.db_url, say=log.info, overrides=overrides, merge=merge,
                                                 artifacts=opts.artifacts if prepare_data else None)
     return runner.Registration.of(parsed, sweep_id, run_ids)
@@ -140,8 +144,10 @@ def _sweep(log: Any, registered: runner.Registration, opts: LaunchOptions, gpu_s
     todo = runner.runs_to_do(engine, registered.sweep_id, run_ids, retry_failed=retry_failed)
     log.info("sweep %s: %d trials, %d to run", name, len(run_ids), len(todo))
     if use_deployments:
-        from flows.dispatch import dispatch_to_pool, label_sweep_flow_run, ride_out
+        from flows.cancel import label_sweep_flow_run
+        from flows.dispatch import check_deployment, dispatch_to_pool, ride_out
 
+        ride_out(lambda: check_deployment(registered.hardware, TRIAL_PARAMETERS), log, "reading the trial deployment")
         # before any dispatch: a cancel from now on finds the sweep
         ride_out(lambda: label_sweep_flow_run(engine, name), log, "labelling the sweep flow run")
 
@@ -223,7 +229,7 @@ def _final(done: Any, engine: Any, name: str) -> Any:
     cancelled = [rid for rid, status in results.items() if status == "cancelled"]
     if cancelled:
         message = f"sweep {name}: {len(cancelled)} trials cancelled"
-        from flows.dispatch import end_cancelled
+        from flows.cancel import end_cancelled
 
         end_cancelled(message)  # on a worker: ended by Prefect's own cancellation, without an error logged
         return Cancelled(message=message)  # no data: Prefect reads a Cancelled state's data as a result record

@@ -3,7 +3,7 @@ out Prefect API outages, and say how it ended by the exit code.
 
 `prefect deployment run ... --watch` follows one flow run through the API: it exits 1 when the server restarts
 (the sweep rides that out) and 1 for a cancelled sweep, so a script cannot tell "lost the watch" from "failed".
-Here the sweep flow run is found by the labels it gives itself (flows/dispatch.py `label_sweep_flow_run`), the
+Here the sweep flow run is found by the labels it gives itself (flows/cancel.py `label_sweep_flow_run`), the
 runs are read from the DB, and an unreachable API only means the DB is read alone until it answers again.
 Without PREFECT_API_URL (a sweep run here, `ablate sweep run`) the DB alone says when nothing is owed.
 """
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from ablate import runner, store
 from ablate.config.errors import AblateError
 from ablate.results.status import status_counts
-from flows.dispatch import DB_LABEL, SWEEP_LABEL
+from flows.cancel import DB_LABEL, SWEEP_LABEL
 from flows.dispatch import SETTLED as OWED  # statuses that are not an outcome yet
 
 COMPLETED, FAILED, CANCELLED = 0, 1, 3  # exit codes

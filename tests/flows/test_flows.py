@@ -197,6 +197,25 @@ def test_a_hardware_override_with_no_pool_is_refused_before_anything_is_register
 
 
 @pytest.mark.slow
+def test_a_trial_deployment_an_older_ablate_registered_is_refused_with_the_fix(prefect_harness):
+    """Its stored flat parameters (db_url, artifacts) would fail every trial it ran: the sweep says so once."""
+    from ablate.config.launch import LaunchOptions
+    from flows.deploy import _deploy, ensure_pool
+    from flows.dispatch import check_deployment
+    from flows.sweep import TRIAL_PARAMETERS
+
+    ensure_pool("older", None)
+    _deploy("flows/sweep.py:trial", REPO, print, name="older", work_pool_name="older",
+            parameters={"db_url": None, "artifacts": "results/artifacts"})
+    with pytest.raises(AblateError, match=r"trial/older was registered by an older ablate: its parameters "
+                                          r"artifacts, db_url are not the trial flow's; run `ablate deploy` again"):
+        check_deployment("older", TRIAL_PARAMETERS)
+    _deploy("flows/sweep.py:trial", REPO, print, name="older", work_pool_name="older",
+            parameters={"launch": LaunchOptions().for_trial_flow()})
+    check_deployment("older", TRIAL_PARAMETERS)  # as `ablate deploy` registers it today
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("passed_runs", [None, 1])
 def test_sweep_run_loads_and_registers_the_sweep_once(prefect_harness, tmp_path, monkeypatch, capsys, passed_runs):
     """`ablate sweep run` checks the spec and data and registers the runs before Prefect starts; the sweep flow
