@@ -238,11 +238,14 @@ def ride_out(call: Any, log: Any, what: str) -> Any:
 
 def _dead(row: store.Run, state: Any) -> bool:
     """Whether a Running trial flow run's trainer is gone: its run is `running` with a stale heartbeat (or its
-    processes are gone from this host), or it never claimed its run within the stale limit."""
-    if row.status == "running":
+    processes are gone from this host), or it never claimed its run within the stale limit. A row whose last beat
+    is older than this flow run is still the trainer's before it (a run dispatched again after a machine died): the
+    new one has not claimed it yet, so it is not judged by that trainer's death (which would dispatch it again)."""
+    since = None if state.timestamp is None else state.timestamp.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    claimed = row.status == "running" and (since is None or (row.heartbeat_at is not None and row.heartbeat_at >= since))
+    if claimed:
         return not store.is_live(row)
-    if row.status in ("pending", "preempted") and state.timestamp is not None:
-        since = state.timestamp.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    if row.status in ("pending", "preempted", "running") and since is not None:
         return (store.utcnow() - since).total_seconds() > store.stale_seconds()
     return False
 

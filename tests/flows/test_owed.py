@@ -87,3 +87,29 @@ def test_a_worker_host_is_its_hostname_unless_named(monkeypatch):
     assert runner.worker_host() == socket.gethostname()
     monkeypatch.setenv("ABLATE_WORKER_HOST", "gpu b/1")
     assert runner.worker_host() == "gpu b/1" and runner.host_queue(runner.worker_host()) == "host-gpu-b-1"
+
+
+def test_a_run_dispatched_again_is_not_judged_by_the_dead_trainer_before_its_new_one_claims_it():
+    """The race of a machine that died: the run's row still holds the dead trainer (its pid gone from this host)
+    while the trial flow run dispatched again is Running but has not claimed it yet. That flow run is dead only
+    if its trainer never claims the run within the stale limit; a claimed run is judged by its trainer."""
+    import datetime as dt
+
+    from prefect.states import Running
+
+    from flows.dispatch import _dead
+
+    now = store.utcnow()
+    dead_pid = 2 ** 22 + 7  # above pid_max's default: no such process
+    row = store.Run(id=1, status="running", heartbeat_at=now - dt.timedelta(seconds=2), pid=dead_pid,
+                    claimed_by=f"{socket.gethostname()}:{dead_pid}:x")
+    assert not store.is_live(row)
+    started = Running()  # the new trial flow run, Running since now
+    started.timestamp = dt.datetime.now(dt.timezone.utc)
+    assert not _dead(row, started)  # its trainer is starting: not dispatched again
+    long_ago = Running()
+    long_ago.timestamp = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=store.stale_seconds() + 5)
+    assert _dead(row, long_ago)  # it never claimed the run within the stale limit
+    before = Running()
+    before.timestamp = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=30)
+    assert _dead(row, before)  # the run's own trainer, claimed under this flow run, is gone
