@@ -11,7 +11,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 import ablate.search
-from ablate.config.launch import LaunchOptions
+from ablate.config.launch import launch_options
 
 
 @flow(name="search")
@@ -20,8 +20,8 @@ def search(spec: str, db_url: str | None = None, artifacts: str = "results/artif
            memory_cap_mb: float | None = None, poll_seconds: float = 1.0) -> dict[int, str]:
     """Ask, train and tell trials until the study holds n_trials; returns {Optuna trial number: run status} of this run."""
     log = get_run_logger()
-    opts = LaunchOptions(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every,
-                         memory_cap_mb=memory_cap_mb)
+    opts = launch_options(dict(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every,
+                               memory_cap_mb=memory_cap_mb), where="the search flow's parameters: ")
 
     def on_trial(o: ablate.search.TrialOutcome) -> None:
         value = "" if o.value is None else f", final eval loss {o.value:.4f}"

@@ -21,7 +21,7 @@ from prefect import flow, get_run_logger
 from prefect.states import Cancelled
 
 from ablate import runner, store
-from ablate.config.launch import LaunchOptions
+from ablate.config.launch import LaunchOptions, launch_options
 from ablate.config.errors import AblateError, one_line
 from flows.hosts import first_error, owed_report, tagged
 
@@ -109,8 +109,8 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
     """
     log = get_run_logger()
     try:
-        opts = LaunchOptions(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every,
-                             memory_cap_mb=memory_cap_mb, threads=threads)
+        opts = launch_options(dict(db_url=db_url, artifacts=artifacts, checkpoint_every=checkpoint_every,
+                                   memory_cap_mb=memory_cap_mb, threads=threads), where="the sweep flow's parameters: ")
         if registered is None:
             registered = _register(log, spec, opts, use_deployments, merge, prepare_data, {
                 "budget": budget, "source": source, "holdout": holdout, "vocab_size": vocab_size, "gpus": gpus,

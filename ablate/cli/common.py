@@ -127,16 +127,10 @@ def launch_flags(threads_help: str) -> Callable:
 
 def launch_of(params: dict[str, Any], db_url: str | None) -> Any:
     """The launch flags, taken out of a command's parameters, as one LaunchOptions (a bad value names its flag)."""
-    from pydantic import ValidationError
-
-    from ablate.config.errors import AblateError
-    from ablate.config.launch import FLOW_FIELDS, LaunchOptions, problems
+    from ablate.config.launch import FLOW_FIELDS, flag, launch_options
 
     given = {k: params.pop(k) for k in FLOW_FIELDS if k != "db_url"}
-    try:
-        return LaunchOptions(db_url=db_url, **given)
-    except ValidationError as exc:
-        raise AblateError(problems(exc, lambda field: "--" + field.replace("_", "-"))) from None
+    return launch_options(dict(db_url=db_url, **given), flag)
 
 
 def _stack(decorators: list[Callable]) -> Callable:

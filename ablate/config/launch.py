@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator
 
+from ablate.config.errors import AblateError
 from ablate.config.units import Frozen
 
 # the fields a user sets on the `sweep` and `search` flows (and `ablate sweep/search run`'s flags), one by one
@@ -67,7 +68,17 @@ class LaunchOptions(Frozen):
         return self.model_dump_json(include=set(TRAINER_FIELDS))
 
 
-def problems(exc: ValidationError, name: Callable[[str], str] = str) -> str:
-    """A refused LaunchOptions in one line: each field as its reader names it (a flag, a JSON key), what is wrong,
-    the value given."""
-    return "; ".join(f"{name(str(e['loc'][0]))}: {e['msg']} (got {e.get('input')!r})" for e in exc.errors())
+def flag(field: str) -> str:
+    """A field as the command-line flag that sets it: checkpoint_every -> --checkpoint-every."""
+    return "--" + field.replace("_", "-")
+
+
+def launch_options(fields: dict[str, Any], name: Callable[[str], str] = str, where: str = "") -> LaunchOptions:
+    """LaunchOptions of these fields as they entered (flags, flow parameters, the trainer's `--launch`), or one
+    AblateError naming each bad field as its reader calls it (`name`: a flag, a parameter), what is wrong and the
+    value given, after `where` they came from."""
+    try:
+        return LaunchOptions(**fields)
+    except ValidationError as exc:
+        said = "; ".join(f"{name(str(e['loc'][0]))}: {e['msg']} (got {e.get('input')!r})" for e in exc.errors())
+        raise AblateError(f"{where}{said}") from None

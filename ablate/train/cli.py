@@ -13,13 +13,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from pydantic import ValidationError
 
 from ablate import store
 from ablate.config import TrialConfig
 from ablate.plugins import stored
 from ablate.config.errors import AblateError, one_line
-from ablate.config.launch import LaunchOptions, problems
+from ablate.config.launch import LaunchOptions, flag, launch_options
 from ablate.train.state import Dist, TrainerSettings
 from ablate.train.loop import train, whole_log
 from ablate.config.settings import environment
@@ -58,13 +57,11 @@ def parser() -> argparse.ArgumentParser:
 
 def launch_of(args: argparse.Namespace) -> LaunchOptions:
     """The runner's `--launch`, or a LaunchOptions of the hand flags; a bad value names the field."""
-    try:
-        if args.launch is not None:
-            return LaunchOptions.model_validate_json(args.launch)
-        return LaunchOptions(artifacts=args.artifacts, checkpoint_every=args.checkpoint_every,
-                             memory_cap_mb=args.memory_cap_mb, threads=args.threads, quiet=args.quiet)
-    except ValidationError as exc:
-        raise AblateError(f"the trainer's launch options: {problems(exc)}") from None
+    if args.launch is not None:
+        return launch_options(json.loads(args.launch), where="the trainer's launch options: ")
+    return launch_options(dict(artifacts=args.artifacts, checkpoint_every=args.checkpoint_every,
+                               memory_cap_mb=args.memory_cap_mb, threads=args.threads, quiet=args.quiet),
+                          flag)
 
 
 class Unfailing:

@@ -197,6 +197,18 @@ def test_a_hardware_override_with_no_pool_is_refused_before_anything_is_register
 
 
 @pytest.mark.slow
+def test_a_bad_launch_parameter_of_the_sweep_flow_is_named_before_anything_is_written(prefect_harness, tmp_path):
+    """`prefect deployment run sweep/NAME --param threads=-1`: Prefect checks only the type; ablate names the rest."""
+    from flows.sweep import sweep
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    with pytest.raises(AblateError, match=r"the sweep flow's parameters: threads: Input should be greater than or "
+                                          r"equal to 1 \(got -1\)"):
+        sweep(spec=str(smoke_spec(tmp_path)), db_url=url, artifacts=str(tmp_path / "art"), threads=-1)
+    assert not (tmp_path / "r.db").exists() and not (tmp_path / "art").exists()
+
+
+@pytest.mark.slow
 def test_a_trial_deployment_an_older_ablate_registered_is_refused_with_the_fix(prefect_harness):
     """Its stored flat parameters (db_url, artifacts) would fail every trial it ran: the sweep says so once."""
     from ablate.config.launch import LaunchOptions
