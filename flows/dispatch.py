@@ -19,7 +19,8 @@ What a cluster does to trials, and what happens here (every ABLATE_DISPATCH_POLL
   Prefect's cancellation observer gave up, this process finds itself Cancelling and does it (all of it in
   flows/cancel.py);
 - the Prefect API unreachable (a server restart): every call is retried with backoff for up to
-  ABLATE_API_OUTAGE_SECONDS while the trainers go on (the log says when it went away and when it is back; the pool's
+  ABLATE_API_OUTAGE_SECONDS while the trainers go on (the log says when it went away and when it is back, or, when
+  Prefect's own client retries hid it, that a call answered only after SLOW_CALL_SECONDS; either way the pool's
   workers are checked again only WORKER_CHECK_SECONDS later, once they have beaten); a trial flow run whose
   process ended meanwhile stays Running in Prefect, so a run whose row has its outcome is taken from the row (its
   flow run marked Crashed once that is older than the stale limit, freeing the slot);
@@ -47,6 +48,7 @@ from flows.hosts import first_error, redispatch_queue
 SETTLED = ("pending", "preempted", "running")  # row statuses that are not an outcome yet
 WORKER_CHECK_SECONDS = 60.0  # how often a sweep whose trials wait re-checks that their pool has a live worker
 API_BACK_AT = float("-inf")  # when the Prefect API last came back after an outage (time.monotonic)
+SLOW_CALL_SECONDS = 15.0  # a call that took longer rode out an outage inside Prefect's own client retries (2+4+8 s)
 MAX_DISPATCHES = 5  # flow runs per run within one sweep flow run (each resumes the last one's checkpoint)
 
 
@@ -230,9 +232,14 @@ def ride_out(call: Any, log: Any, what: str) -> Any:
             time.sleep(wait)
             wait = min(wait * 2, 30.0)
             continue
+        took = time.monotonic() - start
         if wait > 2.0:  # it was away
             API_BACK_AT = time.monotonic()
-            log.info("the Prefect API is back after %.0f s: %s went through", API_BACK_AT - start, what)
+            log.info("the Prefect API is back after %.0f s: %s went through", took, what)
+        elif took > SLOW_CALL_SECONDS:  # away too, but Prefect's client retried (up to 5 times, about a minute)
+            API_BACK_AT = time.monotonic()
+            log.warning("the Prefect API answered only after %.0f s (a server restart that Prefect's own retries "
+                        "waited out, or an overloaded server): %s went through", took, what)
         return result
 
 

@@ -458,7 +458,9 @@ def test_a_prefect_server_restart_mid_sweep_is_ridden_out_and_nothing_is_trained
         time.sleep(2)
     logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
     assert state.is_completed(), (state, logs[-3000:])
-    assert "the Prefect API is unreachable" in logs and "the Prefect API is back after" in logs, logs[-3000:]
+    # seen by ride_out, or hidden inside Prefect's own client retries (a call started mid-outage) and said once back
+    seen = "the Prefect API is unreachable" in logs and "the Prefect API is back after" in logs
+    assert seen or "the Prefect API answered only after" in logs, logs[-3000:]
     assert "has no live worker" not in logs  # both workers lived through it: no false alarm once it is back
     assert watching.wait(timeout=patience(60)) == 0  # `ablate sweep watch` rode it out: completed
     watched = Path(cluster.logs[cluster.procs.index(watching)].name).read_text()

@@ -1,0 +1,141 @@
+"""`python -m bench race [--races 2000] [--min 2] [--max 10] [--step 1] [--alpha 0.05] [--out FILE.md]`: how an
+adaptive sweep's race (ablate/results/race.py) spends seeds, simulated without training.
+
+Each race draws its runs' losses from normal distributions with a known difference of means, in units of the seed
+spread (0: no difference; 0.5, 1, 2 seed-spreads), looks after every round from `min` to `max` seeds a side, and
+stops a claim as the race decides. Printed per setting: how often it says "holds" or "reversed" (under no
+difference both are false; the family-wise rate must stay at or under alpha plus sampling error), the power, the
+mean seeds a side it ran, how often it stopped for futility; the fixed design (one test at n seeds a side) with the
+same power (where that power is at least 0.5), and the seeds the race saved against it and against `max` fixed
+seeds. A naive procedure (Welch at
+alpha after every round, stopping at the first significant look) runs on the same draws: the error a race avoids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+EFFECTS = (0.0, 0.5, 1.0, 2.0)
+
+
+def draw(rng, races: int, n_max: int, effect: float):
+    """(better, worse): races × n_max losses, worse = better's distribution shifted by `effect` seed-spreads."""
+    return rng.normal(0.0, 1.0, (races, n_max)), rng.normal(effect, 1.0, (races, n_max))
+
+
+def looks_of(better, worse, planned: list[int]):
+    """looks[i][r]: race i's Look at round r (seeds 0..n−1 a side), Welch's test computed for every race at once
+    (the same numbers as ablate.results.stats.welch; tests/results/test_race.py holds that)."""
+    import numpy as np
+    from scipy import stats as st
+
+    from ablate.results.race import Look
+
+    columns = []
+    for n in planned:
+        b, w = better[:, :n], worse[:, :n]
+        vb, vw = b.var(axis=1, ddof=1) / n, w.var(axis=1, ddof=1) / n
+        effect = w.mean(axis=1) - b.mean(axis=1)
+        se = np.sqrt(vb + vw)
+        df = (vb + vw) ** 2 / (vb ** 2 / (n - 1) + vw ** 2 / (n - 1))
+        t = effect / se
+        p_two = np.minimum(1.0, 2 * np.minimum(st.t.sf(t, df), st.t.cdf(t, df)))
+        columns.append([Look(n, n, float(e), float(p)) for e, p in zip(effect, p_two)])
+    return [list(row) for row in zip(*columns)]
+
+
+def fixed_n_for(power: float, effect: float, alpha: float, n_max: int) -> int | None:
+    """The fewest seeds a side at which one two-sided t-test at `alpha` has `power` at `effect` seed-spreads
+    (noncentral t); None past 4·n_max."""
+    from scipy import stats as st
+
+    for n in range(2, 4 * n_max + 1):
+        df = 2 * n - 2
+        crit = st.t.isf(alpha / 2, df)
+        nc = effect * math.sqrt(n / 2)
+        if st.nct.sf(crit, df, nc) + st.nct.cdf(-crit, df, nc) >= power:
+            return n
+    return None
+
+
+def simulate(design, effect: float, races: int, seed: int, claims: int = 1) -> dict:
+    """`races` races of `claims` hypotheses each with the same true `effect`: the race's and the naive procedure's
+    outcomes."""
+    import numpy as np
+
+    from ablate.results.race import FUTILITY, decide, naive
+
+    rng = np.random.default_rng(seed)
+    planned = design.planned()
+    draws = [looks_of(*draw(rng, races, design.max, effect), planned) for _ in range(claims)]
+    out = {"holds": 0, "reversed": 0, "any_false": 0, "naive_false": 0, "futility": 0, "seeds": 0}
+    for i in range(races):
+        looks = [d[i] for d in draws]
+        last = [h[-1] for h in decide(design, looks)]
+        verdicts = [d.decision for d in last]
+        out["holds"] += verdicts.count("holds")
+        out["reversed"] += verdicts.count("reversed")
+        out["any_false"] += any(v in ("holds", "reversed") for v in verdicts) if effect == 0 else "reversed" in verdicts
+        naive_verdicts = naive(design.alpha, looks)
+        out["naive_false"] += (any(v in ("holds", "reversed") for v in naive_verdicts) if effect == 0
+                               else "reversed" in naive_verdicts)
+        out["futility"] += verdicts.count(FUTILITY)
+        out["seeds"] += sum(d.n_better for d in last)
+    total = races * claims
+    return {"effect": effect, "claims": claims, "races": races,
+            "false_rate": out["any_false"] / races, "naive_false_rate": out["naive_false"] / races,
+            "power": out["holds"] / total, "futility": out["futility"] / total, "mean_seeds": out["seeds"] / total}
+
+
+def table(design, races: int, seed: int) -> tuple[list[str], list[dict]]:
+    from dataclasses import replace
+
+    rows = []
+    lines = ["| spending | futility | effect (seed-spreads) | claims | false verdicts (0: holds or reversed; else "
+             "reversed) | naive: after every seed at alpha | power (holds) | mean seeds a side | stopped for futility | "
+             f"fixed design, same power | seeds saved vs it | seeds vs {design.max} fixed |", "|" + "---|" * 12]
+    settings = [(s, f, e, 1) for s in ("pocock", "obrien-fleming") for f in (True, False) for e in EFFECTS]
+    settings += [("pocock", True, 0.0, 3)]  # a family of three null claims: Holm across the race
+    for k, (spending, futility, effect, claims) in enumerate(settings):
+        d = replace(design, spending=spending, futility=futility)
+        row = simulate(d, effect, races, seed + k, claims)
+        fixed = fixed_n_for(row["power"], effect, d.alpha, d.max) if effect > 0 and row["power"] >= 0.5 else None
+        saved = f"{1 - row['mean_seeds'] / fixed:+.0%}" if fixed else "—"
+        se = math.sqrt(d.alpha * (1 - d.alpha) / races)
+        false = f"{row['false_rate']:.4f}" + (f" (alpha {d.alpha} ± {se:.4f})" if effect == 0 else "")
+        rows.append({**row, "spending": spending, "futility_on": futility, "fixed_n": fixed})
+        lines.append(f"| {spending} | {'on' if futility else 'off'} | {effect:g} | {claims} | {false} | "
+                     f"{row['naive_false_rate']:.4f} | {row['power']:.3f} | {row['mean_seeds']:.2f} | "
+                     f"{row['futility']:.1%} | {fixed if fixed else '—'} | {saved} | "
+                     f"{row['mean_seeds'] / d.max:.0%} |")
+    return lines, rows
+
+
+def main() -> None:
+    from ablate.results.race import RaceDesign
+
+    p = argparse.ArgumentParser(prog="python -m bench race", description=__doc__.splitlines()[0])
+    p.add_argument("--races", type=int, default=2000, help="races per setting (>= 2000 for the README's table)")
+    p.add_argument("--min", type=int, default=2)
+    p.add_argument("--max", type=int, default=10)
+    p.add_argument("--step", type=int, default=1)
+    p.add_argument("--alpha", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="also write the table to this markdown file")
+    args = p.parse_args()
+    design = RaceDesign(min=args.min, max=args.max, step=args.step, alpha=args.alpha)
+    t0 = time.process_time()
+    lines, _ = table(design, args.races, args.seed)
+    head = (f"Races of seeds {design.min}..{design.max} (step {design.step}), alpha {design.alpha}, "
+            f"{args.races} races per row, numpy seed {args.seed}; {time.process_time() - t0:.0f} CPU-s.")
+    text = "\n".join([head, "", *lines, ""])
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
