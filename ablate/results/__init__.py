@@ -8,6 +8,9 @@
     cells.py     what a cell is: one configuration (every field the sweep's trials differ in), its seeds, what it
                  left out and why
     stats.py     means with confidence intervals, Welch's test, Holm's adjustment, verdicts
+    sequential.py group-sequential boundaries (Lan-DeMets alpha spending), the look's z, conditional power
+    race.py      a race of claims over seeds: each round's decisions (Holm across claims, futility),
+                 replayed from the looks
     orderings.py the study's orderings tested on the runs (check_claims), the noise floor
     equal.py     runs read at an equal budget of another kind (flops, tokens, seconds, steps) on their curves
     points.py    runs' metric points, read in chunks (rows, or one array per run and split)
