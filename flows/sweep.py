@@ -158,7 +158,38 @@ def _sweep(log: Any, registered: runner.Registration, opts: LaunchOptions, gpu_s
         done = dispatch_to_pool(registered.hardware, todo, opts, engine, log, attach=attach)
     else:
         done = _run_here(registered.gpus, todo, opts, gpu_slots, engine)
+    from ablate.runner.race import is_adaptive
+
+    if is_adaptive(engine, name):  # the claims decide the next seeds, round after round
+        def run(ids: list[int]) -> Any:
+            if use_deployments:
+                return dispatch_to_pool(registered.hardware, ids, opts, engine, log)
+            return _run_here(registered.gpus, ids, opts, gpu_slots, engine)
+
+        _race(log, engine, name, done, run, retry_failed)
     return _final(done, engine, name)
+
+
+def _race(log: Any, engine: Any, name: str, done: Any, run: Any, retry_failed: bool) -> None:
+    """Round after round of an adaptive sweep: its decisions from the DB, then the seeds they ask for, run here or
+    on the pool, until the race is over (or the user stops the sweep). Runs another runner trains are waited for."""
+    import time
+
+    from ablate.config.settings import environment
+    from ablate.runner.race import next_round, say_round
+
+    while not runner.STOP.is_set():
+        state = next_round(engine, name, retry_failed)
+        say_round(state, log.info, name)
+        if state.over is not None:
+            return
+        if state.owed:
+            more = run(state.owed)
+            done.results.update(more.results)
+            done.dispatches.update(more.dispatches)
+            done.failures.update(more.failures)
+        else:  # the round's last runs train under another runner
+            time.sleep(environment().dispatch_poll_seconds)
 
 
 def _run_here(gpus_per_trial: int, todo: list[int], opts: LaunchOptions, gpu_slots: int,

@@ -47,7 +47,23 @@ def plan(spec: str, max_trials: int, all_: bool, **params: Any) -> int:
     _warn_about_hub_data(trials)
     _print_notes(parsed, trials)
     _print_totals(parsed.budget.kind, per_class)
+    if parsed.adaptive is not None:
+        _print_race(parsed, len(trials), per_class)
     return 0
+
+
+def _print_race(spec: Any, first: int, per_class: dict[str, float]) -> None:
+    """An adaptive sweep's bounds: the first round alone (every claim decided at once) to every cell at max."""
+    race = spec.adaptive
+    cells = first // race.seeds.min
+    most = cells * race.seeds.max
+    cap = f"; it stops adding rounds after {race.max_gpu_hours:g} GPU-hours" if race.max_gpu_hours else ""
+    console.print(f"adaptive: {cells} cells race the {len(spec.report.orderings)} claim(s) of report.orderings "
+                  f"({race.spending} spending, alpha {race.alpha:g}, futility {'on' if race.futility else 'off'}): "
+                  f"{first} trials ({race.seeds.min} seeds a cell) if every claim is decided in the first round, at "
+                  f"most {most} ({race.seeds.max} seeds a cell, {race.step} more a round){cap}; the totals above are "
+                  f"the least, the most is {most / first:g}x:")
+    _print_totals(spec.budget.kind, {key: amount * most / first for key, amount in per_class.items()})
 
 
 def trials_table(spec: Any, trials: list[Any], listed: int) -> Table:

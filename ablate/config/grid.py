@@ -38,7 +38,12 @@ def count_trials(spec: SweepSpec) -> int:
         seeds = block.get("seeds")
         n *= seeds if isinstance(seeds, int) else len(seeds) if seeds else 1
         total += n
-    return total
+    return total * spec.adaptive.seeds.min if spec.adaptive is not None else total
+
+
+def count_cells(spec: SweepSpec) -> int:
+    """The configurations of an adaptive sweep (its grid without seeds): each runs min to max seeds."""
+    return count_trials(spec) // spec.adaptive.seeds.min if spec.adaptive is not None else count_trials(spec)
 
 
 def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_TRIALS) -> list[TrialConfig]:
@@ -51,6 +56,11 @@ def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_T
             [f"grid: expands to {n:,} trials, over the limit of {max_trials:,}; narrow the grid or pass --max-trials {n}"],
             source,
         )
+    most = count_cells(spec) * spec.adaptive.seeds.max if spec.adaptive is not None else n
+    if most > max_trials:
+        raise SpecError([f"adaptive.seeds.max: {count_cells(spec):,} cells at up to {spec.adaptive.seeds.max} seeds "
+                         f"each is {most:,} trials, over the limit of {max_trials:,}; lower max or pass --max-trials "
+                         f"{most}"], source)
     trials: list[TrialConfig] = []
     seen: set[str] = set()
     problems: dict[str, list[str]] = {}  # a mistake -> the trials it breaks
@@ -59,7 +69,7 @@ def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_T
         axes = axes_of(block)
         zipped = block.get("zip") or {}
         zip_rows = [dict(zip(zipped, row)) for row in zip(*zipped.values())] if zipped else [{}]
-        seeds = block.get("seeds")
+        seeds = spec.adaptive.seeds.min if spec.adaptive is not None else block.get("seeds")  # a race's first round
         seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds) if seeds else [None]
         for combo in itertools.product(*(v for _, v in axes)):
             for zrow in zip_rows:

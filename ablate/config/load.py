@@ -190,7 +190,7 @@ def _search_non_causal(spec: SweepSpec) -> list[str]:
 
 
 def _check_blocks(spec: SweepSpec) -> list[str]:
-    problems = _search_non_causal(spec)
+    problems = _search_non_causal(spec) + _adaptive_problems(spec)
     if not spec.grid:
         problems.append("grid: an empty list expands to 0 trials; give at least one block, e.g. "
                         "grid: [{d_model: [256, 512]}], or leave grid out to run the defaults as one trial")
@@ -247,6 +247,24 @@ def _check_blocks(spec: SweepSpec) -> list[str]:
                 problems.append(f"{where}.seeds: must be a positive count or a list of distinct integer seeds (got {_show(s)})")
     return problems
 
+
+
+def _adaptive_problems(spec: SweepSpec) -> list[str]:
+    """An adaptive sweep races the report's orderings and sets the seeds itself."""
+    if spec.adaptive is None:
+        return []
+    problems = []
+    if not spec.report.orderings:
+        problems.append("adaptive: races the claims of report.orderings, and this sweep has none; add report.orderings "
+                        "(a claim with its better and worse sides) or remove adaptive")
+    if spec.search is not None:
+        problems.append("adaptive: a search samples its own trials; race the claims of a grid sweep, or remove adaptive")
+    for where, block in [("defaults", spec.defaults)] + [(f"grid[{i}]", b) for i, b in enumerate(spec.grid)]:
+        for key in ("seed", "seeds"):
+            if isinstance(block, dict) and key in block:
+                problems.append(f"{where}.{key}: an adaptive sweep sets the seeds itself (adaptive.seeds: "
+                                f"{spec.adaptive.seeds.min} to {spec.adaptive.seeds.max} per cell); remove {key}")
+    return problems
 
 
 def load_trials(path: str | Path, max_trials: int = MAX_TRIALS,

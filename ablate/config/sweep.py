@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ablate.config.adaptive import AdaptiveBlock
 from ablate.config.data import DatasetRef, PairsRef, TokenizerRef
 from ablate.config.errors import did_you_mean, one_of
 from ablate.config.trial import GRID_FIELDS, TrialConfig, fingerprint
@@ -246,6 +247,7 @@ class SweepSpec(Frozen):
     defaults: dict[str, Any] = Field(default_factory=dict)
     grid: list[dict[str, Any]] = Field(default_factory=lambda: [{}])
     search: SearchBlock | None = None
+    adaptive: AdaptiveBlock | None = None  # the claims decide the seeds (ablate/config/adaptive.py)
     report: ReportBlock = ReportBlock()
     reference: list[Reference] = Field(default_factory=list)
     retrieval: RetrievalPlan | None = None
@@ -259,6 +261,8 @@ class SweepSpec(Frozen):
         del data["overrides"]  # a description of the changes, not one: the changed fields are in the spec
         if not data["plugins"]:  # sweeps of built-ins keep their identity (the trials carry each plugin's code)
             del data["plugins"]
+        if data["adaptive"] is None:  # as do sweeps that race no claims
+            del data["adaptive"]
         if data["retrieval"] is None:  # sweeps without a retrieval stage keep their identity
             del data["retrieval"]
         else:  # as do those whose stage has the settings every one had before they were fields

@@ -20,6 +20,7 @@ from ablate.config import SweepSpec, TableSpec
 from ablate.config.errors import AblateError
 from ablate.report.curves import draw_curves, plan_curves, write_curve_points
 from ablate.report.notes import check_orderings, floor_line, recipe_lines
+from ablate.report.race import RaceTable, apply_race, read_race
 from ablate.report.reading import at_note, with_reading, write_tables_csv
 from ablate.report.samples import prompt_completions
 from ablate.report.scaling import draw_laws, scaling_lines, write_scaling_csv
@@ -81,6 +82,7 @@ class Page:
     samples: list[tuple[int, str, str]]  # (run id, label, completion of the prompt)
     of_runs: str  # which runs the completions are, when not every run with a checkpoint
     figures: Figures
+    race: RaceTable | None = None  # an adaptive sweep's decisions, round by round
 
 
 def build_report(sweep: str, url: str | None = None, out: Path | None = None,
@@ -138,7 +140,8 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
         embedded: list[str] = []
         figures.files += _save_figure(draw_laws(laws, spec.name), out / "scaling", formats, embedded)
         figures.scaling = embedded[0]
-    page = _page(spec, views, tables, out, figures, url, skip, artifacts, stored, scaling_lines(laws))
+    page = _page(spec, views, tables, out, figures, url, skip, artifacts, stored, scaling_lines(laws),
+                 read_race(engine, spec, views))
     files = figures.files + figures.points
     if "md" in formats:
         files.append(_write(out / "report.md", render_markdown(page)))
@@ -192,10 +195,12 @@ def _draw_together(engine: sa.Engine, spec: SweepSpec, tables: list[Table], out:
 
 
 def _page(spec: SweepSpec, views: list[RunView], tables: list[Table], out: Path, figures: Figures, url: str | None,
-          skip: tuple[str, ...], artifacts: str | Path | None, stored: list[RunView], scaling: list[str]) -> Page:
+          skip: tuple[str, ...], artifacts: str | Path | None, stored: list[RunView], scaling: list[str],
+          race: tuple[RaceTable | None, dict[str, str] | None] = (None, None)) -> Page:
     recipe = recipe_lines(views) + [f"Override: {note}" for note in spec.overrides]  # incl. hardware not the study's
     recipe += [line for line in [at_note(spec)] if line]
     claims = check_claims(spec, views)
+    apply_race(claims, race[1])
     orderings = check_orderings(spec, views, claims)
     samples, sampleable = (prompt_completions(stored, spec.report.prompt, url, artifacts) if spec.report.prompt
                            and "samples" not in skip else ([], 0))
@@ -203,9 +208,8 @@ def _page(spec: SweepSpec, views: list[RunView], tables: list[Table], out: Path,
                if len(samples) < sampleable else "")
     return Page(spec=spec, tables=tables, out=out, summary=_summary(views), recipe=recipe, orderings=orderings,
                 claims=claims, floor=floor_line(claims) if claims.cells else None,
-                verdicts=verdict_table(spec, claims), scaling=scaling, samples=samples,
-                of_runs=of_runs,
-                figures=figures)
+                verdicts=verdict_table(spec, claims, race[1]), scaling=scaling, samples=samples,
+                of_runs=of_runs, figures=figures, race=race[0])
 
 
 def render_markdown(page: Page) -> str:
@@ -214,6 +218,7 @@ def render_markdown(page: Page) -> str:
     md = [f"# {spec.name}", "", spec.description, "", page.summary, ""]
     md += [f"{line}  " for line in page.recipe] + ([""] if page.recipe else [])
     md += [page.verdicts.markdown(), ""] if page.verdicts else []
+    md += [page.race.markdown(), ""] if page.race else []
     drawn = set(page.figures.files)
     for i, t in enumerate(page.tables):
         md += [t.markdown(), ""]
@@ -242,7 +247,7 @@ def render_html(page: Page) -> str:
               "caption": figures.captions[i] if i < len(figures.embedded) else ""} for i, t in enumerate(page.tables)]
     return _templates().get_template("report.html.j2").render(
         name=page.spec.name, description=page.spec.description, summary=page.summary, recipe=page.recipe,
-        verdicts=page.verdicts, tables=shown, prompt=page.spec.report.prompt, of_runs=page.of_runs,
+        verdicts=page.verdicts, race=page.race, tables=shown, prompt=page.spec.report.prompt, of_runs=page.of_runs,
         samples=page.samples, scaling=page.scaling, scaling_png=figures.scaling, together=figures.together)
 
 

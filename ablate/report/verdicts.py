@@ -32,11 +32,18 @@ class VerdictTable:
         return "\n".join(lines + ([f"\n_{self.floor}_"] if self.floor else []))
 
 
-def verdict_table(spec: SweepSpec, claims: Claims) -> VerdictTable | None:
-    """The table of every claim cell; None where the report has no orderings."""
+RACED = ("the verdicts of this adaptive sweep are its race's (the race table: group-sequential, valid however many "
+         "rounds were looked at); the p-values beside them test the seeds run as if their number had been fixed, for "
+         "reading only")
+
+
+def verdict_table(spec: SweepSpec, claims: Claims, race: dict[str, str] | None = None) -> VerdictTable | None:
+    """The table of every claim cell; None where the report has no orderings. `race`: an adaptive sweep's verdicts
+    (report/race.read_race), already given to the cells (report/race.apply_race): the method says whose they are."""
     if not spec.report.orderings:
         return None
-    table = VerdictTable(method=method_line(claims), floor=floor_line(claims))
+    method = method_line(claims) + ("; " + RACED if race is not None else "")
+    table = VerdictTable(method=method, floor=floor_line(claims))
     for i, order in enumerate(spec.report.orderings, 1):
         short = f"{i}: {label_of(order.better)} < {label_of(order.worse)}"
         table.statements.append(f"{i}: {order.claim}")

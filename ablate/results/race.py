@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ablate.results import stats
 from ablate.results.sequential import SPENDINGS, boundaries, conditional_power, information_fraction, z_of
@@ -53,6 +54,12 @@ class RaceDesign:
             raise ValueError(f"seeds: min {self.min} and max {self.max} need 2 <= min <= max")
         if self.step < 1 or not 0 < self.alpha < 0.5 or self.spending not in SPENDINGS:
             raise ValueError(f"step {self.step} >= 1, alpha {self.alpha} in (0, 0.5), spending one of {SPENDINGS}")
+
+    @classmethod
+    def of(cls, block: Any) -> RaceDesign:
+        """The design a sweep's `adaptive:` block (ablate/config/adaptive.py) asks for."""
+        return cls(min=block.seeds.min, max=block.seeds.max, step=block.step, alpha=block.alpha,
+                   spending=block.spending, futility=block.futility)
 
     def planned(self) -> list[int]:
         """Seeds a side at each round: min, min + step, ..., and max last."""
@@ -101,6 +108,23 @@ class Decision:
         if self.decision == MAX_REACHED:
             return f"{stats.NOT_SIGNIFICANT} (max seeds reached, n={min(self.n_better, self.n_worse)})"
         return self.decision
+
+
+def cell_of(config: dict[str, Any]) -> str:
+    """A run's cell: its trial's fingerprint without the seed (the seeds of one cell share it)."""
+    from ablate.config.trial import trial_fingerprint
+
+    return trial_fingerprint({**config, "seed": 0})
+
+
+def claim_text(cell: Any) -> str:
+    """A claim cell (results/orderings.ClaimCell) in words, stable across rounds: the claim, where it is held, its
+    two sides. The key of its decisions in the DB, the report and the dashboard."""
+    from ablate.results.orderings import label_of, side_name
+
+    where = ", ".join(f"{k}={v}" for k, v in cell.where.items())
+    head = f"{cell.ordering.claim} [{where}]: " if where else f"{cell.ordering.claim}: "
+    return head + f"{label_of(side_name(cell, 'better'))} < {label_of(side_name(cell, 'worse'))}"
 
 
 def decide(design: RaceDesign, looks: Sequence[Sequence[Look]]) -> list[list[Decision]]:

@@ -16,6 +16,7 @@ from ablate.plugins.guard import plugin_modules, refuse_broken_plugins
 from ablate.plugins.stored import records_of
 from ablate.config.errors import AblateError
 from ablate.config import TrialConfig, load_trials
+from ablate.results.race import cell_of
 
 # ---------------------------------------------------------------- registering a sweep and preparing its data
 
@@ -40,10 +41,21 @@ def register(spec_path: str | Path, db_url: str | None = None, max_trials: int =
     sweep_id, ids = store.register_sweep(engine, spec, trials, spec_path=str(spec_path), merge=merge,
                                          plugins=records_of(trials))
     if spec.search is None:
-        dropped = store.drop_stale_runs(engine, sweep_id, set(ids))
+        keep = set(ids)
+        if spec.adaptive is not None:  # and the seeds its race added
+            keep |= later_seeds(engine, sweep_id, trials)
+        dropped = store.drop_stale_runs(engine, sweep_id, keep)
         if dropped and say is not None:
             say(f"sweep {spec.name}: dropped {dropped} unfinished run(s) whose trial is no longer in {spec_path}")
     return spec, sweep_id, ids
+
+
+def later_seeds(engine: sa.Engine, sweep_id: int, trials: list[TrialConfig]) -> set[int]:
+    """The runs of the sweep in the cells of `trials` (a race's later seeds: registering the spec again keeps them)."""
+    cells = {cell_of(t.model_dump(mode="json")) for t in trials}
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(store.Run.id, store.Run.config).where(store.Run.sweep_id == sweep_id)).all()
+    return {r.id for r in rows if cell_of(r.config) in cells}
 
 
 class Registration(BaseModel):

@@ -72,7 +72,8 @@ def run_code(ablate_code: str | None, trial: TrialConfig) -> str | None:
 
 
 def register_sweep(engine: sa.Engine, spec: Any, trials: Iterable[Any], spec_path: str | None = None,
-                   merge: bool = False, plugins: PluginRecords = PluginRecords()) -> tuple[int, list[int]]:
+                   merge: bool = False, plugins: PluginRecords = PluginRecords(), first_index: int = 0
+                   ) -> tuple[int, list[int]]:
     """Insert (or update) the sweep and one pending run per new trial fingerprint, atomically.
 
     Idempotent: trials already registered keep their row and status. Returns (sweep id, run ids in trial order).
@@ -81,12 +82,13 @@ def register_sweep(engine: sa.Engine, spec: Any, trials: Iterable[Any], spec_pat
     modified copy, or an edit of a sweep that has results) is refused unless `merge`: one name, one experiment.
     `plugins`: the sources and facts of the plugins the trials run (ablate.plugins.stored.records_of(trials)),
     stored with them; a file plugin's source that is neither given nor stored is refused before anything is written.
+    `first_index`: the trial index of the first of `trials` (an adaptive sweep's later seeds go after its grid).
     """
     trials = list(trials)
     _refuse_unstored_sources(engine, trials, plugins)
     for attempt in range(5):
         try:
-            return _register_once(engine, spec, trials, spec_path, merge, plugins)
+            return _register_once(engine, spec, trials, spec_path, merge, plugins, first_index)
         except sa.exc.IntegrityError:  # another process inserted the sweep or a run first: read theirs
             if attempt == 4:
                 raise
@@ -112,7 +114,7 @@ def _refuse_unstored_sources(engine: sa.Engine, trials: list[Any], plugins: Plug
 
 
 def _register_once(engine: sa.Engine, spec: Any, trials: list[Any], spec_path: str | None,
-                   merge: bool, plugins: PluginRecords) -> tuple[int, list[int]]:
+                   merge: bool, plugins: PluginRecords, first_index: int = 0) -> tuple[int, list[int]]:
     from ablate.config.trial import fingerprint, trial_fingerprint
 
     versions = library_versions()
@@ -140,7 +142,7 @@ def _register_once(engine: sa.Engine, spec: Any, trials: list[Any], spec_path: s
         for index, (trial, config, fp) in enumerate(zip(trials, configs, fps)):
             if fp not in seen:
                 seen.add(fp)
-                rows.append(run_row(trial, config, fp, sweep.id, index, code, versions))
+                rows.append(run_row(trial, config, fp, sweep.id, first_index + index, code, versions))
         if rows and engine.dialect.driver == "psycopg":  # COPY: 10,000 rows in ~0.2 CPU-s instead of ~2.4
             copy_rows(session.connection(), Run.__table__, rows)
             ids.update(session.execute(sa.select(Run.fingerprint, Run.id).where(Run.sweep_id == sweep.id)).all())

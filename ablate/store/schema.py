@@ -155,6 +155,24 @@ class PluginFacts(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
+class RaceDecision(Base):
+    """What one round of an adaptive sweep's race decided for one claim cell (ablate/results/race.py): derived from
+    the runs, so a race replayed after a restart writes the same rows, each once."""
+
+    __tablename__ = "race_decisions"
+    sweep_id: Mapped[int] = mapped_column(sa.ForeignKey("sweeps.id"), primary_key=True)
+    round: Mapped[int] = mapped_column(primary_key=True)
+    claim_key: Mapped[str] = mapped_column(sa.String(64), primary_key=True)  # hash of the claim cell's description
+    claim: Mapped[str] = mapped_column(sa.Text)  # the claim cell: its ordering, where, and the two sides
+    n_better: Mapped[int]
+    n_worse: Mapped[int]
+    statistic: Mapped[float | None]  # the look's z (Welch's t as the z of the same two-sided p)
+    boundary: Mapped[float | None]  # the group-sequential boundary it was compared with
+    level: Mapped[float]  # the claim's share of alpha at that round (Holm)
+    decision: Mapped[str] = mapped_column(sa.String(200))  # continue, or the verdict in the report's words
+    decided_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
 class Meta(Base):
     """Facts about the database itself: `db_id`, the identity that keys its runs' artifacts."""
 

@@ -302,6 +302,7 @@ def _study(engine: sa.Engine, sweep: str) -> dict[str, Any]:
     """The report's comparison tables and its claims table, by the report's own code."""
     from ablate.config.units import parse_at
     from ablate.report.tables import layout_tables
+    from ablate.report.race import apply_race, read_race
     from ablate.report.verdicts import verdict_table
     from ablate.results.equal import read_runs_at
     from ablate.results.orderings import check_claims
@@ -310,7 +311,9 @@ def _study(engine: sa.Engine, sweep: str) -> dict[str, Any]:
     spec, views = load_views(engine, sweep)
     views = read_runs_at(engine, views, parse_at(spec.report.at))
     claims = check_claims(spec, views)
-    table = verdict_table(spec, claims)
+    race, raced = read_race(engine, spec, views)
+    apply_race(claims, raced)
+    table = verdict_table(spec, claims, raced)
     verdicts: dict[str, int] = {}
     for c in claims.cells:
         verdicts[c.verdict] = verdicts.get(c.verdict, 0) + 1
@@ -320,6 +323,8 @@ def _study(engine: sa.Engine, sweep: str) -> dict[str, Any]:
                                                   "statements": table.statements, "method": table.method,
                                                   "floor": table.floor},
             "verdicts": verdicts,
+            "race": None if race is None else {"head": list(race.head), "rows": race.rows, "spent": race.spent,
+                                               "method": race.method},
             "read_at": store.utcnow().isoformat(" ", "seconds") + " UTC"}
 
 

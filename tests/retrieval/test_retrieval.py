@@ -310,7 +310,7 @@ def test_retrieval_blocks_written_before_the_new_settings_keep_their_sweeps_iden
     for key in ("d_model", "layers", "input_norm", "final_norm", "weight_decay", "batch_size", "schedule",
                 "warmup_steps", "candidates_count_query", "position", "epochs", "standardize"):
         del stored["retrieval"][key]
-    for key in ("overrides", "recipe", "plugins"):
+    for key in ("overrides", "recipe", "plugins", "adaptive"):
         del stored[key]
     del stored["report"]["orderings"]
     for key in ("min_steps", "at", "group"):  # how a report reads runs: never in the fingerprint

@@ -208,21 +208,33 @@ async function sweepPage() {
     if (claims) {
       box.appendChild(el("h3", "Claims against the study"));
       for (const line of claims.statements) box.appendChild(el("p", line, {class: "claim"}));
-      const table = el("table", null, {class: "grid study verdicts"});
-      const head = el("tr");
-      for (const c of claims.head) head.appendChild(el("th", c));
-      table.appendChild(head);
-      for (const r of claims.rows) {
-        const tr = el("tr");
-        r.forEach((cell, i) => tr.appendChild(el("td", cell, i === 7 ? {class: "verdict " + cell.split(" (")[0].replace(/ /g, "-")} : undefined)));
-        table.appendChild(tr);
-      }
-      box.appendChild(table);
+      box.appendChild(verdictTable(claims.head, claims.rows, 7, "grid study verdicts"));
       box.appendChild(el("p", "Method: " + claims.method + ".", {class: "hint"}));
       if (claims.floor) box.appendChild(el("p", claims.floor, {class: "hint"}));
     }
+    const race = data.race;  // an adaptive sweep: each claim's rounds, the statistic against its boundary
+    if (race) {
+      box.appendChild(el("h3", "The race (adaptive seeds)"));
+      box.appendChild(verdictTable(race.head, race.rows, 5, "grid study race"));
+      box.appendChild(el("p", race.spent + ".", {class: "hint"}));
+      box.appendChild(el("p", "Method: " + race.method + ".", {class: "hint"}));
+    }
     box.appendChild(el("p", "read " + data.read_at + " (again when runs finish, at most every 30 s)", {class: "hint"}));
     if (!data.tables.length && !claims) box.appendChild(el("p", "no comparison tables in this sweep's report block", {class: "hint"}));
+  }
+
+  // a table of rows whose column `at` is a verdict, coloured by it (the claims table, the race table)
+  function verdictTable(columns, rows, at, cls) {
+    const table = el("table", null, {class: cls});
+    const head = el("tr");
+    for (const c of columns) head.appendChild(el("th", c));
+    table.appendChild(head);
+    for (const r of rows) {
+      const tr = el("tr");
+      r.forEach((cell, i) => tr.appendChild(el("td", cell, i === at ? {class: "verdict " + cell.split(" (")[0].replace(/ /g, "-")} : undefined)));
+      table.appendChild(tr);
+    }
+    return table;
   }
 
   async function refresh(all) {

@@ -1,0 +1,137 @@
+"""An adaptive sweep's rounds on simulated results (no training: each run's loss is written as if trained): the
+first round decides the obvious claim, the next rounds add seeds only to the undecided claim's cells, a replay adds
+and records nothing, two runners at a round boundary add each seed once, a compute cap ends the race, and the
+report's and the dashboard's claims read the race's verdicts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from ablate import runner, store
+from ablate.runner.race import next_round
+from tests.helpers import at_once
+
+SPEC = {
+    "name": "race",
+    "dataset": {"source": "ablate:tinystories-sample"},
+    "budget": {"steps": 100, "hardware": "cpu"},
+    "defaults": {"architecture": "mixer", "layers": 1, "context": 64, "batch_size": 8, "lr": 3e-3},
+    "grid": [{"d_model": [8, 64]}, {"d_model": 16, "lr": [3e-3, 3.03e-3]}],
+    "adaptive": {"seeds": {"min": 2, "max": 6}},
+    "report": {"orderings": [
+        {"claim": "wider is better", "better": {"d_model": 64}, "worse": {"d_model": 8}},
+        {"claim": "lr 1% apart", "better": {"lr": 3e-3}, "worse": {"lr": 3.03e-3}}]},
+}
+MEANS = {8: 6.2, 64: 5.1, 16: 6.1}  # the lr claim has no true difference
+
+
+def register(tmp_path, url, **adaptive):
+    data = {**SPEC, "adaptive": {**SPEC["adaptive"], **adaptive}}
+    path = tmp_path / "race.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return runner.register(path, url)
+
+
+def train(url, seconds: float = 60.0):
+    """Every pending run 'trains': its loss drawn around its cell's mean (seeded by run, so replays agree)."""
+    engine = store.connect(url)
+    with engine.begin() as conn:
+        for r in conn.execute(sa.select(store.Run.id, store.Run.d_model, store.Run.seed)
+                              .where(store.Run.status == "pending")).all():
+            loss = MEANS[r.d_model] + random.Random(r.id * 7919).gauss(0, 0.02)
+            conn.execute(sa.update(store.Run).where(store.Run.id == r.id).values(
+                status="completed", final_eval_loss=loss, final_train_loss=loss, steps=100, train_seconds=seconds))
+
+
+def seeds_of(url) -> dict[int, list[int]]:
+    with store.connect(url).connect() as conn:
+        rows = conn.execute(sa.select(store.Run.d_model, store.Run.lr, store.Run.seed)).all()
+    out: dict = {}
+    for r in rows:
+        out.setdefault((r.d_model, round(r.lr, 6)), []).append(r.seed)
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def test_rounds_add_seeds_only_where_a_claim_is_undecided_and_a_replay_changes_nothing(tmp_path, any_url):
+    register(tmp_path, any_url)
+    train(any_url)
+    state = next_round(store.connect(any_url), "race")
+    assert state.over is None and len(state.owed) == 2  # seed 2 of each lr cell
+    assert any("wider is better: 64 < 8: holds" in line for line in state.said), state.said
+    rounds = 1
+    while state.over is None:
+        train(any_url)
+        state = next_round(store.connect(any_url), "race")
+        rounds += 1
+    seeds = seeds_of(any_url)
+    assert seeds[(8, 0.003)] == seeds[(64, 0.003)] == [0, 1]
+    n = len(seeds[(16, 0.003)])
+    assert n > 2 and seeds[(16, 0.00303)] == list(range(n))
+    engine = store.connect(any_url)
+    decisions = [(d.round, d.claim, d.decision) for d in store.read_decisions(engine, runner.sweep_id(engine, "race"))]
+    assert decisions[-1][2].startswith("not significant"), decisions
+    assert len(decisions) == 1 + n - 1  # the obvious claim once, the other once a round
+    again = next_round(engine, "race")  # replayed: the same end, nothing added or recorded
+    assert again.over == state.over and not again.owed and not again.said
+    assert seeds_of(any_url) == seeds
+    runner.register(tmp_path / "race.yaml", any_url)  # registering the spec again keeps the race's seeds
+    assert seeds_of(any_url) == seeds
+
+
+def test_two_runners_at_a_round_boundary_add_each_seed_once(tmp_path, postgres_url):
+    register(tmp_path, postgres_url)
+    train(postgres_url)
+    results, errors = at_once(lambda i: next_round(store.connect(postgres_url), "race"), 2)
+    assert not errors, errors
+    assert sorted(results[0].owed) == sorted(results[1].owed) and len(results[0].owed) == 2
+    assert seeds_of(postgres_url)[(16, 0.003)] == [0, 1, 2]
+    engine = store.connect(postgres_url)
+    assert len(store.read_decisions(engine, runner.sweep_id(engine, "race"))) == 2  # each decision once
+
+
+def test_a_compute_cap_ends_the_race_and_says_so(tmp_path, sqlite_url):
+    register(tmp_path, sqlite_url, max_gpu_hours=0.1)
+    train(sqlite_url, seconds=3600.0)  # 8 runs of an hour each: past the cap after the first round
+    state = next_round(store.connect(sqlite_url), "race")
+    assert state.over is not None and "max_gpu_hours 0.1 spent" in state.over and not state.owed
+
+
+def test_the_reports_and_the_dashboards_claims_read_the_race(tmp_path, sqlite_url):
+    from ablate.report import build_report
+    from ablate.ui.app import _study
+
+    register(tmp_path, sqlite_url)
+    train(sqlite_url)
+    next_round(store.connect(sqlite_url), "race")
+    train(sqlite_url)
+    next_round(store.connect(sqlite_url), "race")  # round 2 looked at: the lr claim still racing
+    study = _study(store.reader(sqlite_url), "race")
+    verdicts = [row[7] for row in study["claims"]["rows"]]
+    assert verdicts[0] == "holds" and verdicts[1].startswith(("racing (after round 2, n=3)", "not significant")), verdicts
+    assert "the verdicts of this adaptive sweep are its race's" in study["claims"]["method"]
+    rows = study["race"]["rows"]  # each claim's rounds: n a side, |z| against its boundary, the decision
+    assert [(row[0][:4], row[1], row[2], row[5]) for row in rows][:2] == [("lr 1", "1", "2/2", "continue"),
+                                                                         ("wide", "1", "2/2", "holds")], rows
+    assert rows[2][1:3] == ["2", "3/3"] and " : " in rows[2][3], rows
+    assert "Lan-DeMets" in study["race"]["method"] and "fixed seeds a cell" in study["race"]["spent"]
+    report = build_report("race", sqlite_url, out=tmp_path / "rep", formats=("md",))
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "**The race** (adaptive seeds)" in md and "| wider is better: 64 < 8 | 1 | 2/2 |" in md, md
+    assert report is not None
+
+
+@pytest.mark.parametrize("bad", ["min", "alpha"])
+def test_a_bad_block_registers_nothing(tmp_path, sqlite_url, bad):
+    from ablate.config.errors import SpecError
+
+    block = {"seeds": {"min": 5, "max": 3}} if bad == "min" else {"seeds": {"min": 2, "max": 4}, "alpha": 0.7}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**SPEC, "adaptive": block}))
+    with pytest.raises(SpecError):
+        runner.register(path, sqlite_url)
+    with store.connect(sqlite_url).connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(store.Sweep)).scalar_one() == 0
