@@ -58,9 +58,12 @@ def _print_race(spec: Any, first: int, per_class: dict[str, float]) -> None:
     cells = first // race.seeds.min
     most = cells * race.seeds.max
     cap = f"; it stops adding rounds after {race.max_gpu_hours:g} GPU-hours" if race.max_gpu_hours else ""
-    console.print(f"adaptive: {cells} cells race the {len(spec.report.orderings)} claim(s) of report.orderings "
-                  f"({race.spending} spending, alpha {race.alpha:g}, futility {'on' if race.futility else 'off'}): "
-                  f"{first} trials ({race.seeds.min} seeds a cell) if every claim is decided in the first round, at "
+    what = ("for the lowest (best of k)" if race.mode == "best" else
+            f"the {len(spec.report.orderings)} claim(s) of report.orderings")
+    futility = "on" if race.futility and race.mode == "claims" else "off"
+    console.print(f"adaptive: {cells} cells race {what} ({race.spending} spending, alpha {race.alpha:g}, futility "
+                  f"{futility}): "
+                  f"{first} trials ({race.seeds.min} seeds a cell) if the first round decides it all, at "
                   f"most {most} ({race.seeds.max} seeds a cell, {race.step} more a round){cap}; the totals above are "
                   f"the least, the most is {most / first:g}x:")
     _print_totals(spec.budget.kind, {key: amount * most / first for key, amount in per_class.items()})

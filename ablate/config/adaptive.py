@@ -5,6 +5,11 @@
 The sweep first runs `min` seeds of every cell; after each round every claim of `report.orderings` is tested with
 a group-sequential test (ablate/results/race.py), and only the cells of undecided claims get `step` more seeds, up
 to `max` (or until `max_gpu_hours` of training is spent). The grid gives no `seed`/`seeds`: the race sets them.
+
+    adaptive: {mode: best, seeds: {min: 2, max: 10}}   # which cell is lowest
+
+A best-of-k race needs no orderings: after each round every cell is tested against the cell of lowest mean so far;
+cells significantly worse stop getting seeds, the others go on until one is left or `max` is reached.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ class SeedRange(Frozen):
 
 
 class AdaptiveBlock(Frozen):
+    # claims: race report.orderings; best: which cell is lowest (each against the lowest mean so far, F-race style)
+    mode: Literal["claims", "best"] = "claims"
     seeds: SeedRange = SeedRange()
     step: Whole = Field(1, ge=1, description="seeds added a round to the cells of undecided claims")
     alpha: Real = Field(0.05, description="the family-wise error of the claims' verdicts, in (0, 0.5)")

@@ -56,6 +56,9 @@ def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_T
             [f"grid: expands to {n:,} trials, over the limit of {max_trials:,}; narrow the grid or pass --max-trials {n}"],
             source,
         )
+    if spec.adaptive is not None and spec.adaptive.mode == "best" and count_cells(spec) < 2:
+        raise SpecError(["adaptive.mode: best races the sweep's cells against each other, and this grid has one; "
+                         "give an axis two values or more"], source)
     most = count_cells(spec) * spec.adaptive.seeds.max if spec.adaptive is not None else n
     if most > max_trials:
         raise SpecError([f"adaptive.seeds.max: {count_cells(spec):,} cells at up to {spec.adaptive.seeds.max} seeds "

@@ -254,9 +254,10 @@ def _adaptive_problems(spec: SweepSpec) -> list[str]:
     if spec.adaptive is None:
         return []
     problems = []
-    if not spec.report.orderings:
+    if spec.adaptive.mode == "claims" and not spec.report.orderings:
         problems.append("adaptive: races the claims of report.orderings, and this sweep has none; add report.orderings "
-                        "(a claim with its better and worse sides) or remove adaptive")
+                        "(a claim with its better and worse sides), race the cells for the lowest (adaptive.mode: "
+                        "best), or remove adaptive")
     if spec.search is not None:
         problems.append("adaptive: a search samples its own trials; race the claims of a grid sweep, or remove adaptive")
     for where, block in [("defaults", spec.defaults)] + [(f"grid[{i}]", b) for i, b in enumerate(spec.grid)]:

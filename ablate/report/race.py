@@ -26,7 +26,8 @@ class RaceTable:
     spent: str = ""
 
     def markdown(self) -> str:
-        lines = ["**The race** (adaptive seeds)", "", "| " + " | ".join(self.head) + " |", "|" + " --- |" * len(self.head)]
+        lines = ["**The race** (adaptive seeds)", "", "| " + " | ".join(self.head) + " |",
+                 "|" + " --- |" * len(self.head)]
         lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in self.rows]
         return "\n".join(lines + ["", f"_{self.spent}_", "", f"_Method: {self.method}._"])
 
@@ -41,8 +42,9 @@ def read_race(engine: sa.Engine, spec: SweepSpec, views: list[RunView]
     decisions = store.read_decisions(engine, views[0].row.sweep_id)
     verdicts: dict[str, str] = {}
     for d in decisions:  # by round: the last one stands
-        verdicts[d.claim] = d.decision if d.decision != "continue" else f"racing (after round {d.round + 1}, n={d.n_better})"
-    return race_table(spec, views, decisions), verdicts
+        racing = f"racing (after round {d.round + 1}, n={d.n_better})"
+        verdicts[d.claim] = d.decision if d.decision != "continue" else racing
+    return race_table(spec, views, decisions), (verdicts if race.mode == "claims" else None)
 
 
 def apply_race(claims: Claims, verdicts: dict[str, str] | None) -> None:
@@ -59,8 +61,9 @@ def race_table(spec: SweepSpec, views: list[RunView], decisions: list[store.Race
     for d in decisions:
         z = "" if d.statistic is None else f"{abs(d.statistic):.2f}"
         bound = "" if d.boundary is None else f"{d.boundary:.2f}"
-        table.rows.append([d.claim, str(d.round + 1), f"{d.n_better}/{d.n_worse}", f"{z} : {bound}" if z else "untested",
-                           f"{d.level:.3g}", d.decision, d.decided_at.strftime("%Y-%m-%d %H:%M")])
+        table.rows.append([d.claim, str(d.round + 1), f"{d.n_better}/{d.n_worse}",
+                           f"{z} : {bound}" if z else "untested", f"{d.level:.3g}", d.decision,
+                           d.decided_at.strftime("%Y-%m-%d %H:%M")])
     if not table.rows:
         table.rows.append(["no round decided yet", "", "", "", "", "", ""])
     return table
@@ -70,6 +73,13 @@ def method_of(spec: SweepSpec) -> str:
     race = spec.adaptive
     futility = ("non-binding futility stop when the conditional power at the observed trend (Lan & Wittes 1988) is "
                 "under 10%, from half of max seeds on" if race.futility else "no futility stop")
+    if race.mode == "best":
+        return (f"best of k: each round, every cell still racing against the one of lowest mean so far (chosen on "
+                f"the same seeds, as F-race and irace do), Welch's t as the z of its two-sided p against "
+                f"group-sequential boundaries of {SPENDING[race.spending]} Lan-DeMets alpha spending (1983) up to "
+                f"{race.seeds.max} seeds a side, Holm across the cells (Maurer & Bretz 2013), alpha {race.alpha:g}; a "
+                f"cell significantly worse stops getting seeds; seeds {race.seeds.min} to {race.seeds.max}, "
+                f"{race.step} more a round")
     return (f"each round's Welch t as the z of its two-sided p, against group-sequential boundaries of "
             f"{SPENDING[race.spending]} Lan-DeMets alpha spending (1983) over the information up to {race.seeds.max} "
             f"seeds a side; Holm across the claims in its group-sequential form (Maurer & Bretz 2013), family-wise "

@@ -59,7 +59,7 @@ class RaceDesign:
     def of(cls, block: Any) -> RaceDesign:
         """The design a sweep's `adaptive:` block (ablate/config/adaptive.py) asks for."""
         return cls(min=block.seeds.min, max=block.seeds.max, step=block.step, alpha=block.alpha,
-                   spending=block.spending, futility=block.futility)
+                   spending=block.spending, futility=block.futility and block.mode == "claims")
 
     def planned(self) -> list[int]:
         """Seeds a side at each round: min, min + step, ..., and max last."""

@@ -36,13 +36,13 @@ def register(tmp_path, url, **adaptive):
     return runner.register(path, url)
 
 
-def train(url, seconds: float = 60.0):
+def train(url, seconds: float = 60.0, means: dict[int, float] = MEANS):
     """Every pending run 'trains': its loss drawn around its cell's mean (seeded by run, so replays agree)."""
     engine = store.connect(url)
     with engine.begin() as conn:
         for r in conn.execute(sa.select(store.Run.id, store.Run.d_model, store.Run.seed)
                               .where(store.Run.status == "pending")).all():
-            loss = MEANS[r.d_model] + random.Random(r.id * 7919).gauss(0, 0.02)
+            loss = means[r.d_model] + random.Random(r.id * 7919).gauss(0, 0.02)
             conn.execute(sa.update(store.Run).where(store.Run.id == r.id).values(
                 status="completed", final_eval_loss=loss, final_train_loss=loss, steps=100, train_seconds=seconds))
 
@@ -135,3 +135,36 @@ def test_a_bad_block_registers_nothing(tmp_path, sqlite_url, bad):
         runner.register(path, sqlite_url)
     with store.connect(sqlite_url).connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(store.Sweep)).scalar_one() == 0
+
+
+def test_best_of_k_eliminates_the_worse_cells_and_races_the_tied_ones_to_max(tmp_path, sqlite_url):
+    data = {**SPEC, "grid": [{"d_model": [8, 16, 32, 64]}], "adaptive": {"mode": "best", "seeds": {"min": 2, "max": 5}}}
+    del data["report"]  # which cell is lowest needs no orderings
+    path = tmp_path / "best.yaml"
+    path.write_text(yaml.safe_dump(data))
+    runner.register(path, sqlite_url)
+    means = {8: 6.2, 16: 5.6, 32: 5.0, 64: 5.0}
+    state = None
+    while state is None or state.over is None:
+        train(sqlite_url, means=means)
+        state = next_round(store.connect(sqlite_url), "race")
+    seeds = {d: len(s) for (d, _), s in seeds_of(sqlite_url).items()}
+    assert seeds[8] == 2 and seeds[16] < 5 and seeds[32] == seeds[64] == 5, seeds  # the worse two stop early
+    engine = store.connect(sqlite_url)
+    final = {d.claim: d.decision for d in store.read_decisions(engine, runner.sweep_id(engine, "race"))}
+    assert final["d_model=8"] == "worse than the best (eliminated at n=2)", final
+    assert final["d_model=16"] == f"worse than the best (eliminated at n={seeds[16]})", final
+    assert sorted([final["d_model=32"], final["d_model=64"]]) == [
+        "among the best (max seeds reached, n=5)", "the best (lowest mean, n=5)"], final
+    assert state.over == "max seeds (5) reached"
+
+
+def test_best_of_k_needs_two_cells(tmp_path, sqlite_url):
+    from ablate.config.errors import SpecError
+
+    data = {**SPEC, "grid": [{"d_model": 8}], "adaptive": {"mode": "best"}}
+    del data["report"]
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match="adaptive.mode: best races the sweep's cells against each other"):
+        runner.register(path, sqlite_url)
