@@ -48,22 +48,7 @@ def count_cells(spec: SweepSpec) -> int:
 
 def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_TRIALS) -> list[TrialConfig]:
     """All trials of the sweep, in grid order, duplicates (same fingerprint) removed."""
-    n = count_trials(spec)
-    if n == 0:
-        raise SpecError(["grid: expands to 0 trials; give every axis at least one value"], source)
-    if n > max_trials:
-        raise SpecError(
-            [f"grid: expands to {n:,} trials, over the limit of {max_trials:,}; narrow the grid or pass --max-trials {n}"],
-            source,
-        )
-    if spec.adaptive is not None and spec.adaptive.mode == "best" and count_cells(spec) < 2:
-        raise SpecError(["adaptive.mode: best races the sweep's cells against each other, and this grid has one; "
-                         "give an axis two values or more"], source)
-    most = count_cells(spec) * spec.adaptive.seeds.max if spec.adaptive is not None else n
-    if most > max_trials:
-        raise SpecError([f"adaptive.seeds.max: {count_cells(spec):,} cells at up to {spec.adaptive.seeds.max} seeds "
-                         f"each is {most:,} trials, over the limit of {max_trials:,}; lower max or pass --max-trials "
-                         f"{most}"], source)
+    _check_size(spec, source, max_trials)
     trials: list[TrialConfig] = []
     seen: set[str] = set()
     problems: dict[str, list[str]] = {}  # a mistake -> the trials it breaks
@@ -129,6 +114,28 @@ def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_T
     if later:
         raise SpecError(later, source)
     return trials
+
+
+def _check_size(spec: SweepSpec, source: str, max_trials: int) -> None:
+    """The grid expands to some trials and not too many; an adaptive sweep's most trials fit too."""
+    n = count_trials(spec)
+    if n == 0:
+        raise SpecError(["grid: expands to 0 trials; give every axis at least one value"], source)
+    if n > max_trials:
+        raise SpecError(
+            [f"grid: expands to {n:,} trials, over the limit of {max_trials:,}; narrow the grid or pass --max-trials {n}"],
+            source,
+        )
+    if spec.adaptive is None:
+        return
+    if spec.adaptive.mode == "best" and count_cells(spec) < 2:
+        raise SpecError(["adaptive.mode: best races the sweep's cells against each other, and this grid has one; "
+                         "give an axis two values or more"], source)
+    most = count_cells(spec) * spec.adaptive.seeds.max
+    if most > max_trials:
+        raise SpecError([f"adaptive.seeds.max: {count_cells(spec):,} cells at up to {spec.adaptive.seeds.max} seeds "
+                         f"each is {most:,} trials, over the limit of {max_trials:,}; lower max or pass --max-trials "
+                         f"{most}"], source)
 
 
 def report_axes(spec: SweepSpec, trials: list[TrialConfig]) -> set[str]:
