@@ -31,7 +31,6 @@ from ablate.results import stats
 from ablate.results.sequential import SPENDINGS, boundaries, conditional_power, information_fraction, z_of
 
 CONTINUE, FUTILITY, MAX_REACHED = "continue", "futility", "max reached"
-FINAL = (stats.HOLDS, stats.REVERSED, stats.NO_DIFFERENCE, FUTILITY, MAX_REACHED, stats.UNTESTED)
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ class Decision:
     z: float | None
     boundary: float | None
     level: float  # the hypothesis's share of alpha at this round (Holm: alpha / (m − rejected))
-    decision: str  # CONTINUE or one of FINAL
+    decision: str  # CONTINUE, or final: holds, reversed, no difference, futility, max reached, untested
     power: float | None = None  # the conditional power futility read
 
     @property
@@ -144,7 +143,10 @@ def decide(design: RaceDesign, looks: Sequence[Sequence[Look]]) -> list[list[Dec
             look = looks[h][r]
             t = 1.0 if last else information_fraction(max(look.n_better, 1), max(look.n_worse, 1), design.max)
             if look.p_two_sided is None or look.effect is None or not math.isfinite(look.effect):
-                out[h].append(_untested(r, look, design, m, rejected, last))
+                # a side whose seeds give no number (oom, diverged, failed) and gained none since the last round:
+                # more seeds of it would end the same way, so it stops here, untested
+                stuck = r > 0 and _fewest(looks[h][r - 1]) >= _fewest(look)
+                out[h].append(_untested(r, look, design, m, rejected, last or stuck))
             elif abs(look.effect) < stats.RESOLUTION:
                 out[h].append(Decision(r, look.n_better, look.n_worse, 0.0, None, design.alpha / max(m - rejected, 1),
                                        stats.NO_DIFFERENCE))
@@ -180,6 +182,10 @@ def decide(design: RaceDesign, looks: Sequence[Sequence[Look]]) -> list[list[Dec
                 decision = FUTILITY if hopeless else CONTINUE
             out[h].append(Decision(r, look.n_better, look.n_worse, z, bound, level, decision, power))
     return out
+
+
+def _fewest(look: Look) -> int:
+    return min(look.n_better, look.n_worse)
 
 
 def _untested(r: int, look: Look, design: RaceDesign, m: int, rejected: int, last: bool) -> Decision:

@@ -67,7 +67,12 @@ def next_round(engine: sa.Engine, name: str, retry_failed: bool = False) -> Roun
                                store.is_live(store.get_run(engine, rid))]
             if result.owed or result.training:
                 return result
-            # the rest gave up (failed past the attempt cap, cancelled): the round is read without them
+            cancelled = [v.row.id for v in members if v.row.status == "cancelled"]
+            if cancelled:  # the user's word: no new round after a cancel
+                result.over = (f"{len(cancelled)} run(s) of round {r + 1} were cancelled, so the race adds no seeds; "
+                               "run the sweep again with --retry-failed to go on")
+                return result
+            # the rest gave up (failed past the attempt cap): the round is read without them
         found = _claims(spec, members) if best is None else _best_of(spec, members, decided)
         if r == 0:
             keys = list(found)

@@ -131,3 +131,12 @@ def test_a_design_that_cannot_race_is_refused(bad):
 def test_a_decision_says_its_verdict_in_the_reports_words():
     assert Decision(3, 8, 8, 0.4, 2.5, 0.05, MAX_REACHED).verdict() == "not significant (max seeds reached, n=8)"
     assert Decision(0, 2, 2, 9.0, 2.4, 0.05, stats.HOLDS).verdict() == "holds"
+
+
+def test_a_side_that_gives_no_number_and_gains_none_stops_untested_instead_of_taking_every_seed():
+    design = RaceDesign(min=2, max=10)
+    oom = [Look(2, 0, None, None), Look(3, 0, None, None), Look(4, 0, None, None)]
+    decisions = decide(design, [oom])[0]
+    assert [d.decision for d in decisions] == ["continue", stats.UNTESTED]  # one more seed tried, then stopped
+    late = [Look(2, 1, None, None), Look(3, 2, 0.4, 0.3)]  # a side that gained its second seed is tested
+    assert decide(design, [late])[0][-1].decision == "continue"

@@ -168,3 +168,28 @@ def test_best_of_k_needs_two_cells(tmp_path, sqlite_url):
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(SpecError, match="adaptive.mode: best races the sweep's cells against each other"):
         runner.register(path, sqlite_url)
+
+
+def test_a_cancel_ends_the_race_and_a_cell_that_gives_no_number_stops_taking_seeds(tmp_path, sqlite_url):
+    register(tmp_path, sqlite_url, futility=False)  # the lr claim races on to max
+    engine = store.connect(sqlite_url)
+    train(sqlite_url)
+    with engine.begin() as conn:  # every run of the d_model 8 cell ran out of memory
+        conn.execute(sa.update(store.Run).where(store.Run.d_model == 8).values(status="oom", final_eval_loss=None))
+    state = next_round(engine, "race")
+    assert len(state.owed) == 4  # seed 2 of the lr cells and of both sides of the untested claim
+    with engine.begin() as conn:
+        conn.execute(sa.update(store.Run).where(store.Run.id.in_(state.owed), store.Run.d_model == 8)
+                     .values(status="oom"))
+    train(sqlite_url)
+    state = next_round(engine, "race")
+    sid = runner.sweep_id(engine, "race")
+    last = {d.claim: d.decision for d in store.read_decisions(engine, sid)}
+    assert last["wider is better: 64 < 8"] == "untested", last  # no number again: it takes no more seeds
+    assert sorted(seeds_of(sqlite_url)[(8, 0.003)]) == [0, 1, 2] and len(state.owed) == 2
+    with engine.begin() as conn:  # the user cancels the round's runs
+        conn.execute(sa.update(store.Run).where(store.Run.id.in_(state.owed)).values(status="cancelled"))
+    before = seeds_of(sqlite_url)
+    state = next_round(engine, "race")
+    assert state.over is not None and "were cancelled, so the race adds no seeds" in state.over, state
+    assert "--retry-failed" in state.over and not state.owed and seeds_of(sqlite_url) == before
