@@ -81,6 +81,21 @@ def _cuda_state() -> dict[str, bool]:
     return {"cuda_initialized": bool(initialized), "cuda_fork_safe": os.waitstatus_to_exitcode(status) == 0}
 
 
+def _threads() -> dict[str, Any]:
+    """This process's threads, native ones too (a fork is safe only from a single thread), with their names
+    (`jemalloc_bg_thd`, say), so a ready message with more than one says which library started it."""
+    tasks = Path("/proc/self/task")
+    if not tasks.exists():
+        return {"threads": threading.active_count(), "thread_names": [t.name for t in threading.enumerate()]}
+    names = []
+    for task in sorted(os.listdir(tasks)):
+        try:
+            names.append((tasks / task / "comm").read_text().strip())
+        except OSError:  # a thread that ended between the listing and the read
+            continue
+    return {"threads": len(names), "thread_names": names}
+
+
 def _child(request: dict[str, Any], protocol_fd: int) -> None:
     """In the forked child: become a cold trainer's equal (own session, log, env, cwd), run it, exit."""
     code = 1
@@ -131,9 +146,7 @@ def serve() -> int:
     def say(message: dict[str, Any]) -> None:
         out.write(json.dumps(message) + "\n")
 
-    tasks = Path("/proc/self/task")  # every thread, native ones too: a fork is safe only from a single thread
-    say({"ready": os.getpid(), "threads": len(os.listdir(tasks)) if tasks.exists() else threading.active_count(),
-         **_cuda_state()})
+    say({"ready": os.getpid(), **_threads(), **_cuda_state()})
     pending = b""
     alive: set[int] = set()
     while True:
@@ -189,19 +202,28 @@ class Child:
         return self.returncode
 
 
+def helper_env() -> dict[str, str]:
+    """The helper's environment: what keeps it single-threaded and CUDA-free until it forks.
+
+    - numpy's OpenBLAS starts its thread pool at import: one thread (the trainers compute with torch, whose pools
+      start in the child; numpy only indexes data).
+    - pyarrow's jemalloc starts a background thread at import (`jemalloc_bg_thd`); transformers imports pyarrow
+      where pandas or scikit-learn is installed, as on the lent H200 image: the node check found the helper with
+      2 threads there. jemalloc reads this variable after its built-in settings.
+    - NVML for `torch.cuda.is_available()`: the CUDA runtime's answer would poison every fork (a trainer's own
+      environment replaces this one in the child, where CUDA is initialised for real).
+    """
+    return {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false", **os.environ,
+            "PYTHONUNBUFFERED": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+
+
 class WarmTrainer:
     """The runner's handle on its helper process (one per runner process, shared by its threads)."""
 
     def __init__(self, log: Path | None = None) -> None:
-        # numpy's OpenBLAS starts its thread pool at import; one thread keeps the helper single-threaded when it
-        # forks (the trainers compute with torch, whose pools start in the child; numpy only indexes data)
-        # NVML for `torch.cuda.is_available()` in the helper: the CUDA runtime's answer would poison every fork
-        # (a trainer's own environment replaces this one in the child, where CUDA is initialised for real)
-        env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1",
-               "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
         err = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the helper keeps it
         self.proc = subprocess.Popen([sys.executable, "-m", "ablate.runner.warm"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
+                                     stdout=subprocess.PIPE, stderr=err, env=helper_env(), start_new_session=True)
         if log:
             err.close()
         self._ids = itertools.count(1)

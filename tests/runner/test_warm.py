@@ -73,10 +73,25 @@ def test_single_process_trainers_are_forked_and_torchrun_or_an_opt_out_are_not(t
 
 def test_the_helper_forks_from_a_single_thread_and_reports_exit_codes(tmp_path):
     helper = warm.helper()
-    assert helper is not None and helper.ready["threads"] == 1  # no thread pool exists to be broken by a fork
+    assert helper is not None and helper.ready["threads"] == 1, helper.ready  # no pool exists to be broken by a fork
+    assert len(helper.ready["thread_names"]) == 1
     log = tmp_path / "child.log"
     child = helper.spawn(["--run-id", "x"], dict(os.environ), log)  # argparse rejects it: exit 2, message in the log
     assert child.wait(60) == 2 and "invalid int value" in log.read_text()
+
+
+def test_the_helpers_environment_keeps_the_libraries_a_preload_may_pull_in_single_threaded(monkeypatch):
+    """transformers imports pyarrow where pandas or scikit-learn is installed (the lent H200 image): its jemalloc
+    then starts a background thread, and the node check found the helper with 2 threads. Under the helper's
+    environment, numpy's and pyarrow's imports start none; the script names any thread it finds."""
+    pytest.importorskip("pyarrow")
+    monkeypatch.delenv("JE_ARROW_MALLOC_CONF", raising=False)
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    script = ("import os, numpy, pyarrow; pyarrow.array([1, 2, 3]); t = '/proc/self/task'; "
+              "print(*[open(f'{t}/{x}/comm').read().strip() for x in os.listdir(t)])")
+    out = subprocess.run([sys.executable, "-c", script], env=warm.helper_env(), capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert len(out.stdout.split()) == 1, out.stdout
 
 
 def test_stopping_a_forked_trainer_checkpoints_it_as_preempted(sqlite_url, tmp_path):
