@@ -23,6 +23,8 @@ import yaml
 
 from ablate import store
 from tests.flows.test_deploy import free_port, wait_healthy
+from tests.runner.test_adaptive_sweep import SPEC as RACE
+from tests.runner.test_adaptive_sweep import check_the_race, race_of
 from tests.waiting import Deadline, patience, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -196,6 +198,7 @@ def cluster(tmp_path_factory):
          "search": {"parameters": {"lr": {"type": "float", "low": 1e-4, "high": 1e-3, "log": True}}, "n_trials": 2}},
         _spec("hub", {"steps": 5}, "lab", [{"d_model": [32]}],
               dataset={"source": "roneneldan/TinyStories", "eval": {"split": "validation"}}),
+        {**RACE, "budget": {**RACE["budget"], "hardware": "lab"}},
     ]
     for spec in specs:
         (sweeps / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -576,3 +579,29 @@ def test_a_search_worker_takes_over_the_trial_of_one_that_died(cluster):
     logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", survivor_flow).stdout
     assert "search takeover: 2 trials run here" in logs, logs[-2000:]
     cluster.workers[cluster.workers.index(victim)] = cluster.start(str(BIN / "ablate"), "worker", "--pool", "lab")
+
+
+def test_an_adaptive_sweep_races_on_the_pool_round_by_round_and_a_second_run_trains_nothing(cluster):
+    """`adaptive:` through the deployment: the sweep flow sends each round's seeds to the pool's workers as trial
+    flow runs, decides from the DB between rounds, and ends when the race is over. The obvious claim is decided
+    at `min`, the null one runs on; every seed is dispatched once; a second run of the deployment reads the
+    finished race and dispatches nothing."""
+    flow_run_id = cluster.deployment_run("sweep/race")
+    deadline = Deadline(900)
+    while not (state := cluster.flow_run(flow_run_id).state).is_final():
+        deadline.check(state)
+        time.sleep(2)
+    logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
+    assert state.is_completed(), (state, logs[-3000:])
+    decisions, seeds = race_of(cluster.url)
+    check_the_race(decisions, seeds)
+    runs = sum(map(len, seeds.values()))
+    assert len(cluster.trial_flow_runs_of(flow_run_id)) == runs  # each seed dispatched to the pool once
+    assert "more seed run(s) for the undecided claims" in logs and "sweep race: race over:" in logs, logs[-3000:]
+    again = cluster.deployment_run("sweep/race")
+    deadline = Deadline(300)
+    while not (state := cluster.flow_run(again).state).is_final():
+        deadline.check(state)
+        time.sleep(2)
+    assert state.is_completed() and cluster.trial_flow_runs_of(again) == [], state
+    assert race_of(cluster.url) == (decisions, seeds)  # no run, no decision added

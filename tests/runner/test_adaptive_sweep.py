@@ -53,16 +53,20 @@ def finished(proc: subprocess.Popen) -> str:
     return out
 
 
-def race_of(url: str) -> tuple[list[tuple], dict[tuple, list[int]]]:
-    """(every decision as (round, claim, n better, n worse, decision), {(d_model, lr): seeds run}); no run twice."""
+def race_of(url: str, sweep: str = "race") -> tuple[list[tuple], dict[tuple, list[int]]]:
+    """The sweep's (every decision as (round, claim, n better, n worse, decision), {(d_model, lr): seeds run});
+    no run twice."""
     engine = store.connect(url)
     with engine.connect() as conn:
+        sweep_id = conn.execute(sa.select(store.Sweep.id).where(store.Sweep.name == sweep)).scalar_one()
         decisions = conn.execute(sa.select(store.RaceDecision.round, store.RaceDecision.claim,
                                            store.RaceDecision.n_better, store.RaceDecision.n_worse,
                                            store.RaceDecision.decision)
+                                 .where(store.RaceDecision.sweep_id == sweep_id)
                                  .order_by(store.RaceDecision.round, store.RaceDecision.claim)).all()
         runs = conn.execute(sa.select(store.Run.d_model, store.Run.lr, store.Run.seed, store.Run.status,
-                                      store.Run.attempts, store.Run.fingerprint)).all()
+                                      store.Run.attempts, store.Run.fingerprint)
+                            .where(store.Run.sweep_id == sweep_id)).all()
     assert len({r.fingerprint for r in runs}) == len(runs)
     assert all(r.status == "completed" for r in runs), runs
     seeds: dict[tuple, list[int]] = {}
