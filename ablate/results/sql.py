@@ -23,7 +23,7 @@ DEFAULT_MAX_ROWS = 10_000
 DEFAULT_MAX_BYTES = 64 << 20  # of the whole result, counted as the rows arrive (a single huge value included)
 BATCH_ROWS = 1000  # rows fetched at a time at most (fewer while large rows would pass the byte cap)
 READER_ROLE = store.READER_ROLE  # made by migration 0005 (or an administrator): SELECT on READABLE (+ Optuna's tables)
-READABLE = ("sweeps", "runs", "metrics", "run_results", "best_runs", "eval_curve")
+READABLE = ("sweeps", "runs", "metrics", "run_results", "best_runs", "eval_curve", "race_decisions")
 _READER_USABLE = (f"SELECT r IS NOT NULL AND pg_has_role(current_user, r, 'MEMBER') "
                   f"AND has_table_privilege(r, 'runs', 'SELECT') FROM to_regrole('{READER_ROLE}') AS r")
 

@@ -39,7 +39,9 @@ def open_storage(url: str | None = None, *, create: bool = False, heartbeat_seco
             heartbeat_interval=heartbeat_seconds, grace_period=grace_seconds, heartbeat_stale_trial_callback=requeue,
         )
     if create:  # `ablate sql` (as the reader role on PostgreSQL) may join runs with Optuna's trials
-        store.grant_reader(store.connect(url))
+        from optuna.storages._rdb.models import BaseModel  # Optuna's schema: its table names, whatever its version
+
+        store.grant_reader(store.connect(url), BaseModel.metadata.tables)
     return storage
 
 

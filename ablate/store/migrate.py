@@ -4,7 +4,7 @@ creates, migrates or writes)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -146,7 +146,7 @@ def _alembic_config(engine: sa.Engine):
     return cfg
 
 
-SCHEMA_HEAD = "0012"  # the newest migration (a test checks it against Alembic's head)
+SCHEMA_HEAD = "0013"  # the newest migration (a test checks it against Alembic's head)
 
 
 def stored_revision(engine: sa.Engine) -> str | None:
@@ -231,12 +231,17 @@ def upgrade_schema(engine: sa.Engine) -> str:
 READER_ROLE = "ablate_reader"  # `ablate sql` runs as this role on PostgreSQL (migration 0005)
 
 
-def grant_reader(engine: sa.Engine) -> None:
-    """On PostgreSQL, let the reader role SELECT every table here, Optuna's too (made after the migrations)."""
+def grant_reader(engine: sa.Engine, names: Iterable[str]) -> None:
+    """On PostgreSQL, let the reader role SELECT these tables (Optuna's, made after the migrations by a search),
+    those of them that exist, and nothing more: ablate's own tables it may read were granted by the migrations
+    (ablate_meta and the stored plugin code stay out of its reach)."""
     if engine.dialect.name != "postgresql":
+        return
+    tables = sorted(set(names) & set(sa.inspect(engine).get_table_names()))
+    if not tables:
         return
     with engine.begin() as conn:
         conn.execute(sa.text(
             f"DO $$ BEGIN IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{READER_ROLE}') THEN "
-            f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {READER_ROLE}; END IF; "
+            f"GRANT SELECT ON {', '.join(tables)} TO {READER_ROLE}; END IF; "
             "EXCEPTION WHEN insufficient_privilege THEN NULL; END $$"))

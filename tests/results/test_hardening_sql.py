@@ -419,9 +419,23 @@ def test_on_postgres_the_statement_runs_as_ablate_reader_in_a_read_only_transact
     assert rows == [("ablate_reader", "on", "7s")]
     message = refused(postgres_url, "SELECT * FROM ablate_meta")
     assert "permission denied for table ablate_meta" in message
-    assert "`ablate sql` reads the results tables and views: sweeps, runs, metrics, run_results, best_runs, eval_curve" \
+    assert "`ablate sql` reads the results tables and views: sweeps, runs, metrics, run_results, best_runs, eval_curve, " \
+        "race_decisions" \
         in message
     assert results.read_only_query("SELECT count(*) FROM best_runs", postgres_url)[1] == [(0,)]
+
+
+def test_after_a_search_the_reader_reads_optunas_tables_and_the_race_but_not_ablates_own_or_stored_code(
+        postgres_url):
+    """A search creates Optuna's tables after the migrations and grants the reader those: only those. Before,
+    it granted every table in the schema, ablate_meta and the stored plugin sources included."""
+    from ablate.search.study import open_storage
+
+    open_storage(postgres_url, create=True)
+    assert results.read_only_query("SELECT count(*) FROM trials", postgres_url)[1] == [(0,)]
+    assert results.read_only_query("SELECT count(*) FROM race_decisions", postgres_url)[1] == [(0,)]  # 0013
+    for table in ("ablate_meta", "plugin_sources", "ablate_alembic_version"):
+        assert f"permission denied for table {table}" in refused(postgres_url, f"SELECT * FROM {table}")
 
 
 def test_the_cli_exits_2_with_the_refusal_and_no_traceback(registered, capsys):
