@@ -438,6 +438,26 @@ def test_after_a_search_the_reader_reads_optunas_tables_and_the_race_but_not_abl
         assert f"permission denied for table {table}" in refused(postgres_url, f"SELECT * FROM {table}")
 
 
+def test_upgrading_takes_back_what_an_older_search_granted_the_reader(postgres_url):
+    """A database where a search granted the reader every table (before 0013): upgrading revokes ablate's own."""
+    engine = store.connect(postgres_url)
+
+    def readable(table: str) -> bool:
+        with engine.connect() as conn:
+            return conn.exec_driver_sql(f"SELECT has_table_privilege('ablate_reader', '{table}', 'SELECT')").scalar()
+
+    with engine.begin() as conn:
+        conn.exec_driver_sql("GRANT SELECT ON ALL TABLES IN SCHEMA public TO ablate_reader")
+        conn.exec_driver_sql("REVOKE SELECT ON race_decisions FROM ablate_reader")
+        conn.exec_driver_sql("UPDATE ablate_alembic_version SET version_num = '0012'")
+    assert readable("ablate_meta") and readable("plugin_sources") and not readable("race_decisions")
+    assert main(["db", "upgrade", "--db", postgres_url]) == 0
+    assert [readable(t) for t in ("ablate_meta", "plugin_sources", "plugin_facts", "race_decisions")] == \
+        [False, False, False, True]
+    assert "permission denied for table plugin_sources" in refused(postgres_url, "SELECT * FROM plugin_sources")
+    engine.dispose()
+
+
 def test_the_cli_exits_2_with_the_refusal_and_no_traceback(registered, capsys):
     before = snapshot(registered)
     for attack, said in [("SELECT 1; DELETE FROM runs", "got 2 statements"),
