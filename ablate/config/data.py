@@ -53,21 +53,32 @@ class DatasetRef(LaterFields):
         return self
 
 class TokenizerRef(LaterFields):
-    """Train a Llama-style BPE tokenizer of `vocab_size` on the corpus, or load `name` (hub id or path)."""
+    """Train a BPE tokenizer of `vocab_size` on the corpus in `style`, or load `name` (hub id or path).
 
-    _added_later = ("trained_on",)
+    style: bytelevel (unset: GPT-2-style byte-level BPE), llama (the studies' TinyStories retrain of Llama's
+    tokenizer; the default under `recipe: studies`), llama3 (their FineWeb retrain of Llama 3's). See
+    ablate/data/tokenizer.py."""
+
+    _added_later = ("trained_on", "style")
 
     vocab_size: Whole | None = Field(4096, gt=0)
     name: str | None = None
+    style: Literal["bytelevel", "llama", "llama3"] | None = None
     train_documents: Whole | None = Field(None, gt=0)
     # train on another corpus than the sweep's (finemath-context reuses the FineWeb tokenizer, as the study did):
     # the same tokenizer, from the same cache, as a sweep whose dataset is this one
     trained_on: DatasetRef | None = None
 
+    def describe(self) -> str:
+        """In a few words: its name, or what is trained ("BPE 4096 llama")."""
+        return self.name or f"BPE {self.vocab_size} {self.style or 'bytelevel'}"
+
     @model_validator(mode="after")
     def _one_source(self) -> TokenizerRef:
         if self.name is not None and self.vocab_size not in (None, 4096):
             raise ValueError("give tokenizer.name (load) or tokenizer.vocab_size (train), not both")
+        if self.name is not None and self.style is not None:
+            raise ValueError("give tokenizer.name (load) or tokenizer.style (train), not both")
         if self.name is not None and self.trained_on is not None:
             raise ValueError("give tokenizer.name (load) or tokenizer.trained_on (train on that corpus), not both")
         return self

@@ -256,6 +256,17 @@ class SweepSpec(Frozen):
     # what overrides changed from the file (apply_overrides), in words: plan and the report print them
     overrides: tuple[str, ...] = ()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _studies_tokenizer(cls, data: Any) -> Any:
+        """Under `recipe: studies`, a trained tokenizer is the studies' (style llama) unless the sweep names one."""
+        if isinstance(data, dict) and data.get("recipe") == "studies":
+            tokenizer = data.get("tokenizer")
+            tokenizer = tokenizer if isinstance(tokenizer, dict) else ({} if tokenizer is None else None)
+            if tokenizer is not None and tokenizer.get("name") is None and tokenizer.get("style") is None:
+                data = {**data, "tokenizer": {**tokenizer, "style": "llama"}}
+        return data
+
     def fingerprint(self) -> str:
         data = self.model_dump(mode="json")
         del data["overrides"]  # a description of the changes, not one: the changed fields are in the spec

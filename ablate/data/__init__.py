@@ -7,7 +7,7 @@ corpus x tokenizer x context x packing and shared by every trial and process (fi
 
     corpus.py      the embedded corpora (EMBEDDED, embedded_text), local files, the hub loader and its errors:
                    check_source, load_documents, train_eval_documents (documents as a `datasets.Dataset`)
-    tokenizer.py   get_tokenizer: a named tokenizer, or a byte-level BPE trained once on the corpus (SPECIALS)
+    tokenizer.py   get_tokenizer: a named tokenizer, or a BPE (bytelevel, llama, llama3) trained once on the corpus
     cache.py       prepare: tokenize and pack a corpus into the token cache, once; TokenRows: its rows as
                    (ids, labels) batches; Prepared: both splits and the tokenizer. The only file that needs torch
     tokencache.py  where a token cache lives (cache_folder, tokenizer_fingerprint) and whether it is intact

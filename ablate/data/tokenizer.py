@@ -1,5 +1,15 @@
-"""The tokenizer of a trial: a named one (`tokenizer.name`, through transformers), or a Llama-style byte-level BPE
-trained once on the corpus and cached by fingerprint under the artifacts folder. Torch-free."""
+"""The tokenizer of a trial: a named one (`tokenizer.name`, through transformers), or a BPE trained once on the corpus
+and cached by fingerprint under the artifacts folder, in one of three styles (`tokenizer.style`). Torch-free.
+
+- `bytelevel` (the default): GPT-2-style byte-level BPE; every byte and newline is a token.
+- `llama`: the studies' TinyStories tokenizer, a Llama tokenizer (OpenLLaMA's) retrained with transformers'
+  `train_new_from_iterator(..., 4096)` on the corpus's lines, stripped: sentencepiece-style BPE ('▁' for spaces,
+  prepended), byte fallback, no pre-tokenizer (merges cross words: '▁Once▁upon▁a' is one token). The same
+  pipeline as the retrain, so the same vocabulary and encodings (tests/data/test_tokenizer_styles.py checks them against transformers' retrain);
+  trained without newlines, it encodes one as <unk>, as the studies' samples show ("<unk> tokens are newlines").
+- `llama3`: the studies' FineWeb tokenizer, Llama 3's retrained (8000): its regex split, byte-level BPE, and its
+  256 special tokens, which the retrain keeps and which take 256 of the vocabulary's places.
+"""
 
 from __future__ import annotations
 
@@ -16,21 +26,29 @@ from ablate.data.corpus import train_eval_documents
 from ablate.data.tokencache import tokenizer_fingerprint
 
 SPECIALS = ("<unk>", "<s>", "</s>")  # unk, bos, eos; pad = eos, as in the studies
+# Llama 3's special tokens (ids 128000-128255 there), in order: a retrain keeps every one
+LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", *(f"<|reserved_special_token_{i}|>" for i in range(4)),
+                   "<|start_header_id|>", "<|end_header_id|>", "<|reserved_special_token_4|>", "<|eot_id|>",
+                   *(f"<|reserved_special_token_{i}|>" for i in range(5, 251)))
+# Llama 3's pre-tokenizer split (its tokenizer.json), before the byte-level mapping
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def _wrap(path: Path):
+    """A trained tokenizer file as transformers' fast tokenizer, with its style's special tokens (pad = eos)."""
     from transformers import PreTrainedTokenizerFast
 
+    if "<|end_of_text|>" in path.read_text(encoding="utf-8")[:100_000]:  # the added tokens come first in the file
+        return PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token="<|begin_of_text|>",
+                                       eos_token="<|end_of_text|>", pad_token="<|end_of_text|>")
     return PreTrainedTokenizerFast(tokenizer_file=str(path), unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                                    pad_token="</s>")
 
 
 def get_tokenizer(ref: TokenizerRef, dataset: DatasetRef, root: Path, progress: bool = True):
-    """Load `tokenizer.name`, or train (once, cached by fingerprint) a byte-level BPE of `vocab_size` on the corpus.
-
-    Byte-level BPE keeps newlines and every byte (the studies' retrained Llama tokenizer mapped
-    newlines to <unk>); special tokens <unk>, <s>, </s>, with pad = eos.
-    """
+    """Load `tokenizer.name`, or train (once, cached by fingerprint) a BPE of `vocab_size` in `tokenizer.style` on
+    the corpus; special tokens <unk>, <s>, </s> (llama3: Llama 3's), with pad = eos."""
     if ref.name is not None:
         from transformers import AutoTokenizer
 
@@ -59,19 +77,19 @@ def get_tokenizer(ref: TokenizerRef, dataset: DatasetRef, root: Path, progress: 
 
 
 def _train_bpe(docs, ref: TokenizerRef, progress: bool):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     vocab_size = ref.vocab_size or 4096
     n = min(len(docs), ref.train_documents or len(docs))
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=progress,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    style = ref.style or "bytelevel"
+    tok, trainer = STYLES[style](vocab_size, progress)
 
     def batches():
         for start in range(0, n, 1000):
-            yield docs[start: min(start + 1000, n)]["text"]
+            texts = docs[start: min(start + 1000, n)]["text"]
+            # the studies' retrain read TinyStories-train.txt line by line, each line stripped ("Remove newline
+            # characters"): no newline in the alphabet, so a newline in a story encodes as <unk>, as in their samples
+            # (blbadger/maskedmixers src/tinystories_tokenizer_trainer.py, TextDataset: `line.strip()`)
+            yield [line.strip() for text in texts for line in text.split("\n") if line.strip()] if style == "llama" \
+                else texts
 
     tok.train_from_iterator(batches(), trainer=trainer, length=n)
     reached = tok.get_vocab_size()
@@ -80,3 +98,40 @@ def _train_bpe(docs, ref: TokenizerRef, progress: bool):
                           f"({n} documents), fewer than the {vocab_size} asked; lower tokenizer.vocab_size "
                           f"to at most {reached} or use more data (dataset.limit)")
     return tok
+
+
+def _bytelevel(vocab_size: int, progress: bool):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=progress,
+                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+
+
+def _llama(vocab_size: int, progress: bool):
+    """The pipeline transformers converts Llama's sentencepiece model to, which its retrain keeps (only the vocabulary
+    and merges are trained anew)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    return tok, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=progress)
+
+
+def _llama3(vocab_size: int, progress: bool):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    return tok, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(LLAMA3_SPECIALS),
+                                    show_progress=progress, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+
+
+STYLES = {"bytelevel": _bytelevel, "llama": _llama, "llama3": _llama3}

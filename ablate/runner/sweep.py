@@ -110,7 +110,7 @@ def prepare_data(trials: list[TrialConfig], artifacts: Path, say: Callable[[str]
     for k, t in enumerate(todo, 1):
         built = tokencache.cache_intact(tokencache.cache_folder(artifacts, t.dataset, t.tokenizer, t.context))
         if say is not None:
-            say(f"data {k}/{len(todo)}: {t.dataset.source} ({t.tokenizer.name or f'BPE {t.tokenizer.vocab_size}'}, "
+            say(f"data {k}/{len(todo)}: {t.dataset.source} ({t.tokenizer.describe()}, "
                 f"context {t.context}){' cached' if built else ''}")
         if built:
             continue
