@@ -78,7 +78,8 @@ class Ordering(Frozen):
     at: tuple[str, ...] = ()
 
 
-READING_ONLY = ("min_steps", "at", "group")  # report fields that change how runs are read, never which runs exist
+# report fields that change how runs are read or described, never which runs exist
+READING_ONLY = ("min_steps", "at", "group", "reference_tokenizer")
 
 
 class ReportBlock(Frozen):
@@ -95,6 +96,8 @@ class ReportBlock(Frozen):
     at: dict[Literal[X_KINDS], Real | str] | None = None
     # one table (and figure) whose columns are these axes' combinations, every other axis averaged
     group: tuple[str, ...] | None = Field(default=None, min_length=1)
+    # the tokenizer behind the `reference:` numbers, in words: printed under every table that shows them
+    reference_tokenizer: str | None = None
 
     @field_validator("curves", mode="before")
     @classmethod

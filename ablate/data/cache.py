@@ -83,6 +83,10 @@ class Prepared:
     cache_dir: Path
     _tokenizer: Any = field(repr=False)  # () -> tokenizer; a cache hit never imports transformers/datasets
     tokenizer_file: Path | None = None  # the trained tokenizer.json, when ablate trained it
+    # UTF-8 bytes of the eval text per scored token (its end-of-text tokens counted where they are targets): a loss
+    # per token divided by ln 2 and by this is bits per byte, which compares across tokenizers. None: a cache built
+    # before it was counted
+    eval_bytes_per_token: float | None = None
 
     @cached_property
     def tokenizer(self) -> Any:
@@ -125,11 +129,15 @@ def prepare(dataset: DatasetRef, tokenizer: TokenizerRef, context: int, root: Pa
                     shutil.rmtree(tmp, ignore_errors=True)
     meta = json.loads((folder / "meta.json").read_text())
     unscored = None if eos_is_target else meta["eos_id"]
+    text = meta["splits"]["eval"]
+    per_token = (text["text_bytes"] / (text["text_tokens"] + (text["docs"] if eos_is_target else 0))
+                 if text.get("text_tokens") else None)
     return Prepared(vocab_size=meta["vocab_size"], pad_id=meta["pad_id"], eos_id=meta["eos_id"],
                     train=TokenRows(folder, "train", meta, unscored), eval=TokenRows(folder, "eval", meta, unscored),
                     cache_dir=folder,
                     _tokenizer=lambda: get_tokenizer(tokenizer, dataset, root, progress),
-                    tokenizer_file=None if tokenizer.name else root / "tokenizers" / tok_fp / "tokenizer.json")
+                    tokenizer_file=None if tokenizer.name else root / "tokenizers" / tok_fp / "tokenizer.json",
+                    eval_bytes_per_token=per_token)
 
 
 def _build(folder: Path, dataset: DatasetRef, tok: Any, context: int, progress: bool, root: Path) -> None:
@@ -149,6 +157,9 @@ def _build(folder: Path, dataset: DatasetRef, tok: Any, context: int, progress: 
                            desc=f"tokenizing {split}")
         meta["splits"][split] = (_pack_pad if dataset.packing == "pad" else _pack_concat)(
             folder, split, encoded, context, dtype, tok.pad_token_id)
+        if split == "eval":  # the text behind the eval loss, for bits per byte (Prepared.eval_bytes_per_token)
+            meta["splits"][split].update(docs=len(encoded), text_tokens=sum(len(ids) - 1 for ids in encoded["ids"]),
+                                         text_bytes=sum(len(t.encode("utf-8")) for t in docs["text"]))
         if dataset.label_field is not None:
             meta["splits"][split]["classes"] = _write_labels(folder, split, encoded["label"], dataset.label_field)
     if dataset.label_field is not None:

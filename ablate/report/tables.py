@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ablate.config import SweepSpec, TableSpec
@@ -97,6 +98,8 @@ def one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView], extra: 
                       for runs, flag in zip(cols, short)]),
             ("Steps", [_range_cell([r.row.steps for r in runs], "{:.0f}") for runs in cols]),
             ("Epochs", [_epochs_cell(runs) for runs in cols])]
+    if any(_bits_per_byte(r) is not None for runs in cols for r in runs):
+        rows.append(("Test (bits/byte)", [_loss_cell(runs, _bits_per_byte, mixed) for runs in cols]))
     if spec.budget.kind != "wall_clock":  # the budget is work: say how long each cell took to do it
         rows.append(("Train time (s)", [_range_cell([r.row.train_seconds for r in runs], "{:.0f}") for runs in cols]))
     if any(getattr(r.row, "final_eval_accuracy", None) is not None for runs in cols for r in runs):
@@ -114,6 +117,7 @@ def one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView], extra: 
         rows.append(("Train (published)", [_ref_cell(runs, "train") for runs in columns.values()]))
         rows.append(("Test (published)", [_ref_cell(runs, "eval") for runs in columns.values()]))
         rows.append(("Test − published", [_diff_cell(runs) for runs in columns.values()]))
+        notes.append(_tokenizers_note(spec))
     floor = noise_floor(members, spec.report.min_steps) if floor is None else floor
     archs = dict.fromkeys(str(r.axes.get("architecture")) for runs in cols for r in runs)
     known = [(a, floor[a][0]) for a in archs if floor.get(a, (None, 0))[0] is not None]
@@ -160,15 +164,34 @@ def finished_values(runs: list[RunView], column: str) -> list[float]:
     return read_seeds(runs, lambda v: getattr(v.row, column)).values
 
 
-def _loss_cell(runs: list[RunView], column: str, say_n: bool = False, said: bool = False) -> str:
+def _loss_cell(runs: list[RunView], column: str | Callable[[RunView], float | None], say_n: bool = False,
+               said: bool = False) -> str:
     """mean ± the half-width of its 95% t-interval (n); one seed: the value, with (n=1) beside cells that have more;
-    `said`: with the runs it left out and why, '(n=3; 1 of 4 diverged)'."""
-    seeds = read_seeds(runs, lambda v: getattr(v.row, column))
+    `said`: with the runs it left out and why, '(n=3; 1 of 4 diverged)'. `column`: a run row's column, or a value
+    read off a run."""
+    seeds = read_seeds(runs, column if callable(column) else lambda v: getattr(v.row, column))
     if not seeds.values:
         return _status_of(runs) or (seeds.reason() if seeds.left else "-")
     estimate = mean_ci(seeds.values)
     left = seeds.said() if said else ""
     return estimate.text(said=left) if estimate.n > 1 or say_n or left else f"{estimate.mean:.2f}"
+
+
+def _bits_per_byte(v: RunView) -> float | None:
+    """A causal LM run's test loss in bits per UTF-8 byte of the eval text (its trainer recorded the bytes per scored
+    token of the token cache): comparable across tokenizers, where a loss per token is not."""
+    per_token = (v.row.notes or {}).get("eval_bytes_per_token")
+    loss = v.row.final_eval_loss
+    if not per_token or loss is None or (v.trial is not None and v.trial.objective != "clm"):
+        return None
+    return loss / math.log(2) / per_token
+
+
+def _tokenizers_note(spec: SweepSpec) -> str:
+    """Which tokenizer the published numbers used, beside ours: a loss per token compares only under the same one."""
+    theirs = spec.report.reference_tokenizer or "not recorded in the sweep (report.reference_tokenizer)"
+    return (f"Tokenizers: ours {spec.tokenizer.describe()}; the published numbers' {theirs}. Losses per token compare "
+            "only under the same tokenizer; bits per byte compare across tokenizers.")
 
 
 def _range_cell(values: list[float | None], fmt: str) -> str:

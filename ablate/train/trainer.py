@@ -87,6 +87,8 @@ class Trainer:
         self.prepared = data_mod.prepare(trial.dataset, trial.tokenizer, trial.context, settings.artifacts,
                                          progress=settings.progress and self.dist.is_main,
                                          eos_is_target=trial.eos_is_target)
+        if self.prepared.eval_bytes_per_token:  # the report's bits per byte (ablate/report/tables.py)
+            self.progress.notes["eval_bytes_per_token"] = round(self.prepared.eval_bytes_per_token, 5)
         self.family = registry.check_architecture(trial.architecture)  # its counts, with a plugin's defaults
         self.model = objectives.model_for(trial, self.prepared.vocab_size).to(device)
         self.params = sum(p.numel() for p in self.model.parameters())
