@@ -12,9 +12,13 @@ from ablate.config.units import Frozen, LaterFields, Whole
 
 
 
-class EvalSplit(Frozen):
+class EvalSplit(LaterFields):
+    _added_later = ("holdout_from",)
+
     split: str | None = None  # a named split of the dataset
-    holdout: Whole | None = Field(None, gt=0)  # else: the last N documents of the training split
+    holdout: Whole | None = Field(None, gt=0)  # else: N documents of the training split, the last ones
+    # ... or the first ones (the studies' FineWeb and FineMath scripts: `take(50000)` to test, `skip(50000)` to train)
+    holdout_from: Literal["end", "start"] | None = None
     limit: Whole | None = Field(None, gt=0)  # at most this many eval documents
 
     @model_validator(mode="after")
@@ -36,7 +40,10 @@ class DatasetRef(LaterFields):
     format: Literal["auto", "text", "lines", "jsonl", "parquet", "arrow", "disk", "hub"] = "auto"
     limit: Whole | None = Field(None, gt=0)
     eval: EvalSplit = EvalSplit(holdout=50)
-    packing: Literal["pad", "concat"] = "pad"
+    # pad: one document per row, truncated and padded; concat: documents joined with eos and cut into rows;
+    # chunk: each document cut into its own context-sized rows, the remainder dropped, rows never crossing documents;
+    # documents: the studies' FineWeb rule, pad at context >= 512 and chunk below (ablate/data/cache.py)
+    packing: Literal["pad", "concat", "chunk", "documents"] = "pad"
     # a column of integer class labels (0 .. classes-1), one per document: for objective: classification
     label_field: str | None = None
 

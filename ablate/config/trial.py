@@ -89,8 +89,9 @@ class TrialConfig(Frozen):
     seed: Int32 = Field(0, ge=0)
     mode: Literal["train", "memory_probe"] = "train"
     on_oom: Literal["record", "shrink"] = "record"
-    # whether the end-of-text token each document gets (pad packing: after the text; concat: between documents) is a
-    # target of the loss; false keeps it as input only, as the studies' collator did (pad = eos labelled -100)
+    # whether the end-of-text token each document gets (pad packing: after the text; concat: between documents; chunk:
+    # none, as the studies' chunked rows) is a target of the loss; false keeps it as input only, as the studies'
+    # collator did (pad = eos labelled -100)
     eos_is_target: bool = True
     dataset: DatasetRef
     tokenizer: TokenizerRef = TokenizerRef()

@@ -145,7 +145,8 @@ def _build(folder: Path, dataset: DatasetRef, tok: Any, context: int, progress: 
     vocab_size = len(tok)
     dtype = np.uint16 if vocab_size <= 65536 else np.uint32
     eos = tok.eos_token_id
-    meta: dict[str, Any] = {"context": context, "dtype": np.dtype(dtype).name, "packing": dataset.packing,
+    packing = packing_at(dataset.packing, context)
+    meta: dict[str, Any] = {"context": context, "dtype": np.dtype(dtype).name, "packing": packing,
                             "vocab_size": vocab_size, "pad_id": tok.pad_token_id, "eos_id": eos, "splits": {}}
     for split, docs in (("train", train_docs), ("eval", eval_docs)):
         workers = min(os.cpu_count() or 1, 8) if len(docs) > 50_000 else None
@@ -155,8 +156,7 @@ def _build(folder: Path, dataset: DatasetRef, tok: Any, context: int, progress: 
 
         encoded = docs.map(encode, batched=True, batch_size=1000, num_proc=workers, remove_columns=["text"],
                            desc=f"tokenizing {split}")
-        meta["splits"][split] = (_pack_pad if dataset.packing == "pad" else _pack_concat)(
-            folder, split, encoded, context, dtype, tok.pad_token_id)
+        meta["splits"][split] = PACKERS[packing](folder, split, encoded, context, dtype, tok.pad_token_id)
         if split == "eval":  # the text behind the eval loss, for bits per byte (Prepared.eval_bytes_per_token)
             meta["splits"][split].update(docs=len(encoded), text_tokens=sum(len(ids) - 1 for ids in encoded["ids"]),
                                          text_bytes=sum(len(t.encode("utf-8")) for t in docs["text"]))
@@ -199,6 +199,31 @@ def _pack_pad(folder: Path, split: str, encoded, context: int, dtype, pad_id: in
     return {"rows": rows, "tokens": tokens}
 
 
+def packing_at(packing: str, context: int) -> str:
+    """The packing a cache is built with: `documents` is the studies' FineWeb rule, one document per row, truncated
+    and padded, at context >= 512 (blbadger/maskedmixers mixer_lm/llama_trainer_fineweb.py@2270414:84-95), and each
+    document cut into its own context-sized rows below (fineweb_packed_tokenizer.py@2270414:14-27)."""
+    if packing == "documents":
+        return "pad" if context >= 512 else "chunk"
+    return packing
+
+
+def _pack_chunk(folder: Path, split: str, encoded, context: int, dtype, pad_id: int) -> dict[str, int]:
+    """Each document's tokens (without its end-of-text: the studies' rows have none) cut into full rows of
+    `context`, the remainder dropped: a row never crosses a document, and a document shorter than a row gives none."""
+    rows = sum((len(ids) - 1) // context for ids in encoded["ids"])
+    data = np.memmap(folder / f"{split}.bin", dtype=dtype, mode="w+", shape=(max(rows, 1), context))
+    row = 0
+    for start in range(0, len(encoded), 10_000):
+        for ids in encoded[start: start + 10_000]["ids"]:
+            n = (len(ids) - 1) // context
+            if n:
+                data[row: row + n] = np.asarray(ids[: n * context], dtype=dtype).reshape(n, context)
+                row += n
+    data.flush()
+    return {"rows": rows, "tokens": rows * context}
+
+
 def _pack_concat(folder: Path, split: str, encoded, context: int, dtype, pad_id: int) -> dict[str, int]:
     """Documents joined with eos between and cut into full rows; the last partial row is dropped."""
     total = sum(len(ids) for ids in encoded["ids"])
@@ -216,3 +241,6 @@ def _pack_concat(folder: Path, split: str, encoded, context: int, dtype, pad_id:
             pos += take
     data.flush()
     return {"rows": rows, "tokens": rows * context}
+
+
+PACKERS = {"pad": _pack_pad, "concat": _pack_concat, "chunk": _pack_chunk}

@@ -227,7 +227,8 @@ MIN_TRAIN_SHARE = 0.5  # a held-out tail may take at most half of a corpus's doc
 
 
 def train_eval_documents(ref: DatasetRef, cache: Path | None = None):
-    """(train, eval) documents: `limit` first, then the eval split or a held-out tail (whole documents, in order)."""
+    """(train, eval) documents: `limit` first, then the eval split or N held-out documents, the last (or, with
+    `holdout_from: start`, the first) ones, whole and in order."""
     train = load_documents(ref, cache=cache)
     if ref.limit is not None:
         train = train.select(range(min(ref.limit, len(train))))
@@ -242,8 +243,10 @@ def train_eval_documents(ref: DatasetRef, cache: Path | None = None):
                               f"({(len(train) - n) / len(train):.0%}) to train on, under {MIN_TRAIN_SHARE:.0%}: hold "
                               f"out fewer (at most {int(len(train) * (1 - MIN_TRAIN_SHARE))}: --holdout N, --param "
                               "holdout=N, or dataset.eval.holdout in the spec)")
-        evaluation = train.select(range(len(train) - n, len(train)))
-        train = train.select(range(len(train) - n))
+        if ref.eval.holdout_from == "start":
+            evaluation, train = train.select(range(n)), train.select(range(n, len(train)))
+        else:
+            evaluation, train = train.select(range(len(train) - n, len(train))), train.select(range(len(train) - n))
     if ref.eval.limit is not None:
         evaluation = evaluation.select(range(min(ref.eval.limit, len(evaluation))))
     return train, evaluation

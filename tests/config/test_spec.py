@@ -195,7 +195,7 @@ MALFORMED = [
      ["grid[0].budget", "set once per sweep"]),
     ("grid-block-not-mapping", spec_with(grid=["mixer"]), ["grid[0]", "mapping"]),
     ("bad-name", spec_with(name="My Sweep"), ["name", "should match pattern"]),
-    ("unknown-packing", spec_with(dataset={"source": "x", "packing": "stack"}), ["dataset.packing", "'pad' or 'concat'"]),
+    ("unknown-packing", spec_with(dataset={"source": "x", "packing": "stack"}), ["dataset.packing", "'pad', 'concat', 'chunk' or 'documents'"]),
     ("eval-fraction-out-of-range", spec_with(eval={"at": [0.5, 1.5]}), ["eval.at", "strictly between 0 and 1"]),
     ("kv-heads-not-dividing", spec_with(grid=[{"architecture": "llama", "d_model": 32, "heads": 4, "kv_heads": 3}]),
      ["kv_heads=3 must divide heads=4"]),

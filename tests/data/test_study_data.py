@@ -54,17 +54,21 @@ def write_like(folder: Path, columns: dict[str, pa.DataType]) -> Path:
 @pytest.mark.parametrize("sweep,columns", [("fineweb-context", FINEWEB_COLUMNS), ("finemath-context", FINEMATH_COLUMNS)])
 def test_the_sweeps_corpus_refs_pack_local_files_of_the_hub_schema(tmp_path, sweep, columns):
     spec = load_spec(REPO / "sweeps" / f"{sweep}.yaml")
-    assert spec.dataset.packing == "concat" and spec.dataset.text_field == "text" and spec.dataset.config
+    assert spec.dataset.packing == "documents" and spec.dataset.text_field == "text" and spec.dataset.config
+    assert spec.dataset.eval.holdout_from == "start"
     local = spec.dataset.model_copy(update={"source": str(write_like(tmp_path / "corpus", columns)),
                                             "eval": spec.dataset.eval.model_copy(update={"holdout": 20})})
     docs = load_documents(local)
     assert len(docs) == len(STORIES) and docs[0]["text"] == STORIES[0]
     train, held = train_eval_documents(local)
-    assert len(held) == 20 and len(train) == len(STORIES) - 20
+    assert len(held) == 20 and len(train) == len(STORIES) - 20 and held[0]["text"] == STORIES[0]  # the first held
     p = prepare(local, TokenizerRef(vocab_size=400), 32, tmp_path / "art", progress=False)
     ids, labels = p.train.batch(np.arange(len(p.train)))
-    assert ids.shape[1] == 32 and (labels != -100).all()  # token streams cut into full rows: no padding
-    assert int((ids == p.eos_id).sum()) > 150  # documents are separated by eos
+    assert ids.shape[1] == 32 and (labels != -100).all()  # below 512: each document cut into full rows, no padding
+    assert not (ids == p.eos_id).any()  # rows never cross documents: no separator inside a row
+    p = prepare(local, TokenizerRef(vocab_size=400), 512, tmp_path / "art", progress=False)
+    _, labels = p.train.batch(np.arange(len(p.train)))
+    assert len(p.train) == len(train) and (labels == -100).any()  # at 512: one document a row, padded
 
 
 @pytest.mark.parametrize("sweep", ["fineweb-context", "finemath-context"])
