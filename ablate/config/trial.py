@@ -27,12 +27,13 @@ def _betas(value: tuple[float, float]) -> tuple[float, float]:
 # The studies' recipe (HF Trainer defaults in the authors' code, STUDIES.md "Facts from the authors' public code"):
 # fp16 with a loss scaler, AdamW betas (0.9, 0.999), 500 warm-up steps, then linear decay (over the sweep's
 # `horizon` where the study planned one), no torch.compile, and no end-of-text target (the authors tokenised
-# without special tokens and their collator set pad = eos to -100: no document's end was ever scored). "modern" is the project's own: precision by hardware,
+# without special tokens and their collator set pad = eos to -100: no document's end was ever scored), and a Train loss
+# over the last 500 steps (HF's logging_steps: the references are its last logged loss). "modern" is the project's own: precision by hardware,
 # betas (0.9, 0.95), warm-up 2% of the budget, a schedule ending exactly at the budget, compile on GPU.
 RECIPES: dict[str, dict[str, Any]] = {
     "modern": {},
     "studies": {"precision": "fp16", "betas": (0.9, 0.999), "warmup_steps": 500, "schedule": "linear", "compile": False,
-                "eos_is_target": False},
+                "eos_is_target": False, "train_loss_steps": 500},
 }
 # one setting each: a sweep that gives one of a pair overrides the recipe's other
 _EXCLUSIVE = {"warmup": "warmup_steps", "warmup_steps": "warmup"}
@@ -52,7 +53,8 @@ def describe_recipe(trial: TrialConfig) -> str:
     return (f"precision {trial.precision}, AdamW betas ({b1:g}, {b2:g}), weight decay {trial.weight_decay:g}, {warm}, "
             f"{trial.schedule} schedule {horizon}, compile {'auto' if trial.compile is None else trial.compile}"
             + ("" if not registry.objective(trial.objective).token_targets else  # e.g. a class, not tokens
-               f", end-of-text {'scored' if trial.eos_is_target else 'not scored (input only)'}"))
+               f", end-of-text {'scored' if trial.eos_is_target else 'not scored (input only)'}")
+            + (f", train loss over the last {trial.train_loss_steps} steps" if trial.train_loss_steps else ""))
 
 
 # sizes past these are typing slips (context: 1000000000), refused in `plan` rather than a MemoryError at the first batch
@@ -93,6 +95,9 @@ class TrialConfig(Frozen):
     # none, as the studies' chunked rows) is a target of the loss; false keeps it as input only, as the studies'
     # collator did (pad = eos labelled -100)
     eos_is_target: bool = True
+    # the run's Train loss: the token-weighted mean over its last this many optimizer steps (the studies' recipe: 500,
+    # HF Trainer's logging_steps, whose last logged loss the references are); None: over the last 10% of the budget
+    train_loss_steps: Int32 | None = Field(None, gt=0)
     dataset: DatasetRef
     tokenizer: TokenizerRef = TokenizerRef()
     budget: Budget
@@ -233,7 +238,7 @@ def fields_that_differ(configs: Sequence[dict[str, Any] | None], flat: Callable[
 # fields added after runs were recorded, at the value every earlier trial had: left out of the fingerprint there,
 # so that those trials keep their identity
 _LEGACY_DEFAULTS: dict[str, Any] = {"objective_options": {}, "betas": [0.9, 0.95], "warmup_steps": None, "horizon": None,
-                                    "eos_is_target": True, "code": None}
+                                    "eos_is_target": True, "code": None, "train_loss_steps": None}
 
 
 def trial_fingerprint(config: dict[str, Any]) -> str:

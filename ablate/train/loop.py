@@ -301,7 +301,7 @@ def finish(t: Trainer, s: LoopState) -> Outcome:
         t.recorder.update(final_eval_accuracy=accuracy)
     t.recorder.log(step=t.progress.step, split="eval", elapsed_seconds=t.clock.elapsed(), tokens=t.progress.tokens,
                    loss=final_eval, lr=None, eval_point=1.0)
-    final_train = final_train_loss(t.progress.intervals)
+    final_train = final_train_loss(t.progress.intervals, steps=t.trial.train_loss_steps)
     with t.clock.paused("checkpoint"):
         try:
             checkpoint(t, s.interval)

@@ -29,18 +29,25 @@ def record_losses(points: list[tuple[dict[str, Any], float, float]], progress: P
         if not math.isfinite(loss) or loss > divergence_limit:
             return f"train loss became {loss:.4g} at step {point['step']}"
         f = point.pop("f")
-        progress.intervals.append((f, s, c))
+        progress.intervals.append((f, s, c, point["step"]))
         recorder.log(split="train", loss=loss, **point)
         bar(f, loss)
     return None
 
 
-def final_train_loss(intervals: list[tuple[float, float, float]], tail: float = 0.1) -> float | None:
-    """Token-weighted mean train loss over the last `tail` of the budget (at least the last log interval)."""
+def final_train_loss(intervals: list[tuple[float, ...]], tail: float = 0.1, steps: int | None = None) -> float | None:
+    """Token-weighted mean train loss over the last `tail` of the budget, or with `steps` over the log intervals
+    that end within the last `steps` optimizer steps (at least the last log interval). An interval is (budget
+    fraction, loss sum, tokens, step at its end); a checkpoint from before the step was kept has none, and is read
+    by the fraction."""
     if not intervals:
         return None
-    last_f = intervals[-1][0]
-    chosen = [iv for iv in intervals if iv[0] >= last_f - tail] or intervals[-1:]
+    if steps is not None and len(intervals[-1]) > 3:
+        last = intervals[-1][3]
+        chosen = [iv for iv in intervals if len(iv) > 3 and iv[3] > last - steps] or intervals[-1:]
+    else:
+        last_f = intervals[-1][0]
+        chosen = [iv for iv in intervals if iv[0] >= last_f - tail] or intervals[-1:]
     s = sum(iv[1] for iv in chosen)
     c = sum(iv[2] for iv in chosen)
     return s / c if c else None

@@ -83,7 +83,7 @@ class Progress:
     elapsed: float = 0.0  # budget clock
     meters: dict[str, float] = field(default_factory=dict)
     next_eval: int = 0  # index into trial.eval.at
-    intervals: list[tuple[float, float, float]] = field(default_factory=list)  # (fraction, loss sum, tokens) per log
+    intervals: list[tuple[float, ...]] = field(default_factory=list)  # (fraction, loss sum, tokens, step) per log
     micro_batch: int = 0
     grad_accum: int = 1
     open_interval: tuple[float, float] = (0.0, 0.0)  # (loss sum, tokens) since the last train log

@@ -99,14 +99,16 @@ def test_warmup_and_warmup_steps_in_one_sweep_are_refused_naming_both():
 
 
 def test_fields_added_at_their_earlier_values_keep_earlier_fingerprints():
-    """A config stored before betas, warmup_steps, horizon, multi-token loss, trained_on, eos_is_target and code existed."""
+    """A config stored before betas, warmup_steps, horizon, multi-token loss, trained_on, eos_is_target, code and
+    train_loss_steps existed."""
     stored = trial(precision="bf16").model_dump(mode="json")
-    for key in ("betas", "warmup_steps", "horizon", "objective_options", "eos_is_target", "code"):
+    for key in ("betas", "warmup_steps", "horizon", "objective_options", "eos_is_target", "code", "train_loss_steps"):
         stored.pop(key)
     stored["tokenizer"].pop("trained_on", None)
     assert TrialConfig.model_validate(stored).fingerprint() == fingerprint(stored)
     assert trial(betas=(0.9, 0.999)).fingerprint() != trial().fingerprint()
     assert trial(eos_is_target=False).fingerprint() != trial().fingerprint()
+    assert trial(train_loss_steps=500).fingerprint() != trial().fingerprint()
 
 
 def load_trials_of(data: dict) -> list[TrialConfig]:

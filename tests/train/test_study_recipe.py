@@ -257,3 +257,31 @@ def test_the_report_says_when_runs_were_not_on_the_studys_hardware(sqlite_url, t
     text = (tmp_path / "report" / "report.md").read_text()
     assert "Override: hardware: 1x cpu per trial, not the study's 2x cpu" in text
     assert report.sweep == spec.name and rid
+
+
+# ---------------------------------------------------------------- the Train row: HF's last logged loss
+
+
+def test_the_train_loss_over_the_last_steps_reads_the_intervals_that_end_there():
+    from ablate.train.points import final_train_loss
+
+    intervals = [(0.25, 40.0, 10, 100), (0.5, 30.0, 10, 200), (0.75, 20.0, 10, 300), (1.0, 12.0, 10, 400)]
+    assert final_train_loss(intervals, steps=150) == pytest.approx((20.0 + 12.0) / 20)  # ends at 300 and 400
+    assert final_train_loss(intervals, steps=1) == pytest.approx(1.2)  # at least the last interval
+    assert final_train_loss(intervals) == pytest.approx(1.2)  # the last 10% of the budget
+    assert final_train_loss([iv[:3] for iv in intervals], steps=150) == pytest.approx(1.2)  # an old checkpoint's
+
+
+def test_the_studies_recipe_reads_the_train_loss_over_the_last_500_steps(tmp_path):
+    studies = parse_spec({"name": "s", "recipe": "studies", "dataset": {"source": "ablate:tinystories-sample"},
+                          "budget": {"steps": 2}, "defaults": {"architecture": "mixer", "d_model": 8, "layers": 1,
+                                                               "context": 8, "lr": 1e-3, "batch_size": 1}})
+    from ablate.config import expand_grid
+
+    (t,) = expand_grid(studies)
+    assert t.train_loss_steps == 500 and "train loss over the last 500 steps" in describe_recipe(t)
+    assert trial().train_loss_steps is None  # the project's recipe: the last 10% of the budget, as before
+    settings = TrainerSettings(artifacts=tmp_path / "art", progress=False, log_points=10)
+    whole = train(trial(budget={"steps": 30}, train_loss_steps=1000), settings)  # every interval: the early ones too
+    tail = train(trial(budget={"steps": 30}), settings)  # the last 10%: one interval, after the loss fell
+    assert whole["final_train_loss"] > tail["final_train_loss"] + 0.05, (whole, tail)
