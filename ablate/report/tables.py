@@ -98,8 +98,8 @@ def one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView], extra: 
                       for runs, flag in zip(cols, short)]),
             ("Steps", [_range_cell([r.row.steps for r in runs], "{:.0f}") for runs in cols]),
             ("Epochs", [_epochs_cell(runs) for runs in cols])]
-    if any(_bits_per_byte(r) is not None for runs in cols for r in runs):
-        rows.append(("Test (bits/byte)", [_loss_cell(runs, _bits_per_byte, mixed) for runs in cols]))
+    if any(_bits_per_byte(r) is not None for runs in cols for r in runs):  # under Test: its loss per byte
+        rows.insert(2, ("Test (bits/byte)", [_loss_cell(runs, _bits_per_byte, mixed) for runs in cols]))
     if spec.budget.kind != "wall_clock":  # the budget is work: say how long each cell took to do it
         rows.append(("Train time (s)", [_range_cell([r.row.train_seconds for r in runs], "{:.0f}") for runs in cols]))
     if any(getattr(r.row, "final_eval_accuracy", None) is not None for runs in cols for r in runs):
