@@ -264,9 +264,8 @@ class SweepSpec(Frozen):
     def _studies_tokenizer(cls, data: Any) -> Any:
         """Under `recipe: studies`, a trained tokenizer is the studies' (style llama) unless the sweep names one."""
         if isinstance(data, dict) and data.get("recipe") == "studies":
-            tokenizer = data.get("tokenizer")
-            tokenizer = tokenizer if isinstance(tokenizer, dict) else ({} if tokenizer is None else None)
-            if tokenizer is not None and tokenizer.get("name") is None and tokenizer.get("style") is None:
+            tokenizer = data.get("tokenizer") or {}
+            if isinstance(tokenizer, dict) and tokenizer.get("name") is None and tokenizer.get("style") is None:
                 data = {**data, "tokenizer": {**tokenizer, "style": "llama"}}
         return data
 

@@ -130,8 +130,8 @@ def prepare(dataset: DatasetRef, tokenizer: TokenizerRef, context: int, root: Pa
     meta = json.loads((folder / "meta.json").read_text())
     unscored = None if eos_is_target else meta["eos_id"]
     text = meta["splits"]["eval"]
-    per_token = (text["text_bytes"] / (text["text_tokens"] + (text["docs"] if eos_is_target else 0))
-                 if text.get("text_tokens") else None)
+    scored_eos = text.get("docs", 0) if eos_is_target and meta["packing"] != "chunk" else 0  # chunked rows have none
+    per_token = text["text_bytes"] / (text["text_tokens"] + scored_eos) if text.get("text_tokens") else None
     return Prepared(vocab_size=meta["vocab_size"], pad_id=meta["pad_id"], eos_id=meta["eos_id"],
                     train=TokenRows(folder, "train", meta, unscored), eval=TokenRows(folder, "eval", meta, unscored),
                     cache_dir=folder,
@@ -157,6 +157,10 @@ def _build(folder: Path, dataset: DatasetRef, tok: Any, context: int, progress: 
         encoded = docs.map(encode, batched=True, batch_size=1000, num_proc=workers, remove_columns=["text"],
                            desc=f"tokenizing {split}")
         meta["splits"][split] = PACKERS[packing](folder, split, encoded, context, dtype, tok.pad_token_id)
+        if not meta["splits"][split]["rows"]:  # nothing to train or evaluate on: said here, before any trial starts
+            raise AblateError(f"dataset.packing: {packing} at context {context} gives no {split} rows (the {split} "
+                              f"documents hold fewer tokens than one row); use a smaller context, more documents, "
+                              "or packing: pad")
         if split == "eval":  # the text behind the eval loss, for bits per byte (Prepared.eval_bytes_per_token)
             meta["splits"][split].update(docs=len(encoded), text_tokens=sum(len(ids) - 1 for ids in encoded["ids"]),
                                          text_bytes=sum(len(t.encode("utf-8")) for t in docs["text"]))

@@ -13,6 +13,7 @@ and cached by fingerprint under the artifacts folder, in one of three styles (`t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -39,7 +40,8 @@ def _wrap(path: Path):
     """A trained tokenizer file as transformers' fast tokenizer, with its style's special tokens (pad = eos)."""
     from transformers import PreTrainedTokenizerFast
 
-    if "<|end_of_text|>" in path.read_text(encoding="utf-8")[:100_000]:  # the added tokens come first in the file
+    added = {t["content"] for t in json.loads(path.read_text(encoding="utf-8")).get("added_tokens") or ()}
+    if "<|end_of_text|>" in added:  # llama3's specials
         return PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token="<|begin_of_text|>",
                                        eos_token="<|end_of_text|>", pad_token="<|end_of_text|>")
     return PreTrainedTokenizerFast(tokenizer_file=str(path), unk_token="<unk>", bos_token="<s>", eos_token="</s>",

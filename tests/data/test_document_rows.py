@@ -45,3 +45,19 @@ def test_holdout_from_start_holds_out_the_first_documents(tmp_path):
     assert list(start[1]["text"]) == every[:30] and list(start[0]["text"]) == every[30:]  # take(30) / skip(30)
     assert list(end[1]["text"]) == every[-30:]
     assert "holdout_from" not in DatasetRef(source=SAMPLE).model_dump()["eval"]  # unset: every identity as before
+
+
+def test_a_packing_that_gives_no_rows_says_so_and_leaves_no_cache(tmp_path):
+    from ablate.config.errors import AblateError
+
+    dataset = DatasetRef(source=SAMPLE, packing="chunk", eval={"holdout": 20})
+    with pytest.raises(AblateError, match="dataset.packing: chunk at context 4096 gives no train rows.*smaller context"):
+        prepare(dataset, TOKENIZER, 4096, tmp_path, progress=False)
+    assert not any(p.is_dir() for p in (tmp_path / "tokens").iterdir())  # no cache, no half-built folder
+
+
+def test_chunked_rows_count_no_end_of_text_in_their_bytes_per_token(tmp_path):
+    dataset = DatasetRef(source=SAMPLE, packing="chunk", eval={"holdout": 20})
+    scored = prepare(dataset, TOKENIZER, 16, tmp_path, progress=False)
+    unscored = prepare(dataset, TOKENIZER, 16, tmp_path, progress=False, eos_is_target=False)
+    assert scored.eval_bytes_per_token == unscored.eval_bytes_per_token  # no end-of-text in a chunked row to score
