@@ -91,6 +91,7 @@ def retrieval(sweep: str, candidates: tuple[int, ...], steps: int | None, out: s
     table, files = run_stage(sweep, db, Path(out) if out else None, steps=steps, candidates=list(candidates) or None,
                              progress=not quiet, artifacts=artifacts)
     console.print(files[0].read_text())
-    console.print(f"{len(table)} cells recorded (metrics split 'retrieval', step = c); written to "
+    console.print(f"{len(table)} cells recorded (metrics splits 'retrieval' and 'retrieval_best', step = c; each c's "
+                  "evaluations as 'retrieval_c<c>'); written to "
                   + ", ".join(str(f) for f in files))
     return 0

@@ -187,7 +187,11 @@ class RetrievalPlan(RetrievalSettings):
     steps: Whole | None = Field(1000, gt=0, description="retrieval-model training steps per run and c")
     epochs: Real | None = Field(None, gt=0, description="instead of steps: passes over the training pairs (the "
                                 "authors': 200 on TinyStories, 50 on FineWeb)")
-    reference: list[RetrievalReference] = Field(default_factory=list)
+    eval_every: Whole | None = Field(None, gt=0, description="evaluate the held-out pairs every N retrieval steps (the "
+                                     "authors' eval_steps: 4000 on TinyStories, 2000 on FineWeb) and at the end; the "
+                                     "table gives the best and the final; null: at the end only")
+    reference: list[RetrievalReference] = Field(default_factory=list, description="published held-out losses: the "
+                                                "best evaluation during training (the authors' peak)")
 
     @field_validator("candidates")
     @classmethod
@@ -225,9 +229,10 @@ class RetrievalPlan(RetrievalSettings):
         width = "the embedding width" if self.d_model is None else f"width {self.d_model}"
         warm = "5% warm-up" if self.warmup_steps is None else f"{self.warmup_steps} warm-up steps"
         length = f"{self.epochs:g} epochs" if self.epochs is not None else f"{self.steps} steps"
+        evals = f"evaluated every {self.eval_every} steps and at the end" if self.eval_every else "evaluated at the end"
         return (f"{self.layers} blocks at {width}, input norm {'on' if self.input_norm else 'off'}, final norm "
                 f"{'on' if self.final_norm else 'off'}; AdamW lr {self.lr:g}, weight decay {self.weight_decay:g}, batch "
-                f"{self.batch_size}, {self.schedule} decay after {warm}; {length} per cell; embeddings at token "
+                f"{self.batch_size}, {self.schedule} decay after {warm}; {length} per cell, {evals}; embeddings at token "
                 f"{self.index} of the {self.position}{', standardized' if self.standardize else ''}; c "
                 f"{'counts the query (c-1 texts)' if self.candidates_count_query else 'texts per query'}")
 
@@ -281,7 +286,7 @@ class SweepSpec(Frozen):
         else:  # as do those whose stage has the settings every one had before they were fields
             stage = data["retrieval"]
             for key, value in {**_RETRIEVAL_LEGACY, "candidates_count_query": False, "position": "text",
-                               "epochs": None}.items():
+                               "epochs": None, "eval_every": None}.items():
                 if key in stage and stage[key] == value:
                     del stage[key]
         for key in READING_ONLY:  # how a report reads the runs is not the sweep's identity

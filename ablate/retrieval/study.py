@@ -44,9 +44,12 @@ def retrieval_study(run_ids: Sequence[int], db_url: str | None, pairs: Any, plan
                                              position=plan.position) for column in (summaries, texts))
         for c in candidates or plan.candidates:
             out = train_retrieval(summary_emb, text_emb, plan.texts_per_query(c), plan.steps, seconds, seed,
-                                  epochs=plan.epochs, settings=model_settings, progress=progress)
+                                  epochs=plan.epochs, settings=model_settings, eval_every=plan.eval_every,
+                                  progress=progress)
             rows.append({"run_id": run_id, "architecture": trial.architecture, "d_model": trial.d_model,
                          "layers": trial.layers, "heads": trial.heads, "c": c, "eval_loss": out["eval_loss"],
-                         "accuracy": out["accuracy"], "chance_loss": out["chance_loss"],
-                         "train_loss": out["train_loss"], "steps": out["steps"]})
+                         "accuracy": out["accuracy"], "best_eval_loss": out["best_eval_loss"],
+                         "best_accuracy": out["best_accuracy"], "best_step": out["best_step"],
+                         "evaluations": len(out["curve"]), "chance_loss": out["chance_loss"],
+                         "train_loss": out["train_loss"], "steps": out["steps"], "curve": out["curve"]})
     return pd.DataFrame(rows)

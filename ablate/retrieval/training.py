@@ -62,12 +62,16 @@ def _standardize(emb: Tensor, rows: Tensor) -> Tensor:
 def train_retrieval(summary_emb: Tensor, text_emb: Tensor, candidates: int = 32, steps: int | None = 1000,
                     seconds: float | None = None, seed: int = 0, *, epochs: float | None = None,
                     settings: RetrievalSettings | None = None, eval_fraction: float = 0.2, eval_rounds: int = 8,
-                    progress: bool = False, **overrides: Any) -> dict[str, float]:
+                    eval_every: int | None = None, progress: bool = False, **overrides: Any) -> dict[str, Any]:
     """Train a retrieval mixer on (summary, text) embedding pairs (row i matches row i), scoring `candidates`
     texts per query; held-out pairs are never seen in training, not even as negatives. Deterministic for a seed
     (on one device). Length: `steps`, `epochs` (passes over the training pairs) or `seconds`, whichever ends
     first. The model and optimiser: `settings` (spec.RetrievalSettings), any of its fields overridden by keyword
-    (lr=..., d_model=..., standardize=...)."""
+    (lr=..., d_model=..., standardize=...).
+
+    The held-out pairs are evaluated every `eval_every` steps (the authors' HF `eval_steps`) and at the end, each
+    time on the same candidate draws: `curve` holds every evaluation, `eval_loss` the final one and
+    `best_eval_loss` the lowest, the authors' reported "peak" (masked-mixers-1.md, Retrieval)."""
     settings = RetrievalSettings(**{**(settings or RetrievalSettings()).model_dump(), **overrides})
     if steps is None and seconds is None and epochs is None:
         raise AblateError("train_retrieval: give steps, epochs or seconds")
@@ -91,7 +95,11 @@ def train_retrieval(summary_emb: Tensor, text_emb: Tensor, candidates: int = 32,
                                settings.input_norm, settings.final_norm)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     warmup = settings.warmup_steps
-    t0, step, losses = time.perf_counter(), 0, []
+    t0, step, losses, curve = time.perf_counter(), 0, [], []
+
+    def evaluate() -> None:
+        loss, acc = _evaluate(model, summaries, texts, held_out, candidates, eval_rounds, settings.batch_size, seed)
+        curve.append({"step": step, "seconds": time.perf_counter() - t0, "eval_loss": loss, "accuracy": acc})
     while True:
         f = max(step / steps if steps else 0.0, (time.perf_counter() - t0) / seconds if seconds else 0.0)
         if f >= 1.0:
@@ -111,11 +119,17 @@ def train_retrieval(summary_emb: Tensor, text_emb: Tensor, candidates: int = 32,
         step += 1
         if progress and step % 100 == 0:
             sys.stderr.write(f"\rretrieval c={candidates} step {step} loss {losses[-1]:.3f}")
-    train_seconds = time.perf_counter() - t0
-    eval_loss, accuracy = _evaluate(model, summaries, texts, held_out, candidates, eval_rounds, settings.batch_size, seed)
+        if eval_every and step % eval_every == 0:
+            evaluate()
+    train_seconds = time.perf_counter() - t0  # evaluations included, as the HF Trainer's clock did
+    if not curve or curve[-1]["step"] != step:
+        evaluate()
+    final, best = curve[-1], min(curve, key=lambda point: point["eval_loss"])
     if progress:
-        sys.stderr.write(f"\rretrieval c={candidates}: eval loss {eval_loss:.3f}, accuracy {accuracy:.3f}\n")
+        sys.stderr.write(f"\rretrieval c={candidates}: eval loss {final['eval_loss']:.3f} (best {best['eval_loss']:.3f} "
+                         f"at step {best['step']}), accuracy {final['accuracy']:.3f}\n")
     tail = losses[-max(1, len(losses) // 10):]
-    return {"train_loss": sum(tail) / len(tail), "eval_loss": eval_loss, "accuracy": accuracy,
-            "chance_loss": math.log(candidates), "steps": step, "seconds": train_seconds,
+    return {"train_loss": sum(tail) / len(tail), "eval_loss": final["eval_loss"], "accuracy": final["accuracy"],
+            "best_eval_loss": best["eval_loss"], "best_accuracy": best["accuracy"], "best_step": best["step"],
+            "curve": curve, "chance_loss": math.log(candidates), "steps": step, "seconds": train_seconds,
             "train_pairs": len(train_pool), "eval_pairs": len(held_out)}

@@ -157,7 +157,32 @@ def test_retrieval_mixer_learns_a_planted_match_and_is_deterministic():
     assert (out["train_pairs"], out["eval_pairs"]) == (177, 44)
     again = R.train_retrieval(summaries, texts, candidates=8, steps=20, lr=3e-3, seed=3, batch_size=32, d_model=64)
     twice = R.train_retrieval(summaries, texts, candidates=8, steps=20, lr=3e-3, seed=3, batch_size=32, d_model=64)
-    assert {k: v for k, v in again.items() if k != "seconds"} == {k: v for k, v in twice.items() if k != "seconds"}
+    def timeless(out: dict) -> dict:
+        return {**{k: v for k, v in out.items() if k not in ("seconds", "curve")},
+                "curve": [{k: v for k, v in point.items() if k != "seconds"} for point in out["curve"]]}
+
+    assert timeless(again) == timeless(twice)
+
+
+def test_evaluating_during_training_reports_the_best_and_the_final_and_changes_no_training():
+    """A planted match learnt, then memorised (177 train pairs): the held-out loss falls and rises again, so the
+    best evaluation during training (what the studies report) lies below the final one."""
+    gen = torch.Generator().manual_seed(1)
+    summaries = torch.randn(221, 32, generator=gen)
+    texts = summaries @ torch.randn(32, 32, generator=gen) / 32**0.5 + torch.randn(221, 32, generator=gen)
+    kw = {"candidates": 8, "lr": 3e-3, "seed": 0, "batch_size": 32, "d_model": 64}
+    out = R.train_retrieval(summaries, texts, steps=600, eval_every=100, **kw)
+    assert [p["step"] for p in out["curve"]] == [100, 200, 300, 400, 500, 600]
+    assert out["eval_loss"] == out["curve"][-1]["eval_loss"]
+    assert out["best_eval_loss"] == min(p["eval_loss"] for p in out["curve"])
+    assert out["best_eval_loss"] < out["eval_loss"] - 0.05 and 100 < out["best_step"] < 600, out["curve"]
+    # every evaluation draws the same candidates, and none touches the training: the final numbers are those of a
+    # run evaluated only at the end, and 50 steps that are not a multiple still end with an evaluation
+    plain = R.train_retrieval(summaries, texts, steps=50, **kw)
+    seen = R.train_retrieval(summaries, texts, steps=50, eval_every=20, **kw)
+    assert [p["step"] for p in seen["curve"]] == [20, 40, 50] and len(plain["curve"]) == 1
+    assert (seen["eval_loss"], seen["accuracy"]) == (plain["eval_loss"], plain["accuracy"])
+    assert plain["best_eval_loss"] == plain["eval_loss"]
 
 
 def test_too_few_pairs_for_the_candidates_is_an_error():
@@ -181,7 +206,7 @@ def trained_run(tmp_path_factory):
                        "grid": [{"architecture": trial.architecture, "d_model": trial.d_model}],
                        "defaults": {"layers": 1, "context": 8, "lr": 1e-3, "batch_size": 1},
                        "retrieval": {"pairs": {"source": "ablate:tinystories-pairs"}, "candidates": [4, 8],
-                                     "steps": 60, "reference": [{"match": {"architecture": "mixer"},
+                                     "steps": 60, "eval_every": 25, "reference": [{"match": {"architecture": "mixer"},
                                                                  "candidates": 8, "eval": 0.42}]}})
     engine = store.connect(url)
     _, (run_id,) = store.register_sweep(engine, spec, [trial])
@@ -236,10 +261,21 @@ def test_the_retrieval_stage_of_a_sweep_records_every_cell_and_writes_its_table(
 
         cells = conn.execute(sa.select(store.Metric.step, store.Metric.loss).where(
             store.Metric.run_id == run_id, store.Metric.split == "retrieval").order_by(store.Metric.step)).all()
+        rows = conn.execute(sa.select(store.Metric.split, store.Metric.step, store.Metric.loss).where(
+            store.Metric.run_id == run_id, store.Metric.split.startswith("retrieval_"))
+            .order_by(store.Metric.split, store.Metric.step)).all()
     assert [c.step for c in cells] == [4, 8] and all(math.isfinite(c.loss) for c in cells)
+    best = {r.step: r.loss for r in rows if r.split == "retrieval_best"}
+    curve = {c: [(r.step, r.loss) for r in rows if r.split == f"retrieval_c{c}"] for c in (4, 8)}
+    assert sorted(best) == [4, 8] and all(best[c.step] <= c.loss for c in cells)  # the best evaluation <= the final
+    assert all([s for s, _ in curve[c]] == [25, 50, 60] for c in (4, 8))  # every 25 steps and at the end, once
+    assert all(best[c] == min(loss for _, loss in curve[c]) and curve[c][-1][1] == final.loss
+               for c, final in zip((4, 8), cells))
     table = (tmp_path / "retrieval.md").read_text()
-    assert "| c=4 | c=8 |" in table and "(0.42)" in table and f"| {run_id} | mixer d=32 n=2 |" in table
+    assert "| c=4 | c=8 |" in table and "(0.42) at step" in table and f"| {run_id} | mixer d=32 n=2 |" in table
+    assert "best during training" in table and "evaluated every 25 steps and at the end" in table
     assert (tmp_path / "retrieval.csv").exists() and "cells recorded" in capsys.readouterr().out
+    assert len((tmp_path / "retrieval-curves.csv").read_text().splitlines()) == 1 + 2 * 3
 
 
 def test_the_retrieval_stage_needs_a_known_sweep_with_a_retrieval_block(sqlite_url):
@@ -284,13 +320,14 @@ def test_retrieval_length_in_epochs_and_settings_by_keyword():
 def test_the_study_retrieval_sweeps_run_the_authors_stage():
     from ablate.config import load_spec
 
-    for name, batch, epochs, position in (("tinystories-retrieval", 32, 200, "window"),
-                                          ("fineweb-retrieval", 128, 50, "text")):
+    for name, batch, epochs, position, every in (("tinystories-retrieval", 32, 200, "window", 4000),
+                                                 ("fineweb-retrieval", 128, 50, "text", 2000)):
         plan = load_spec(Path(ablate.__file__).parent.parent / "sweeps" / f"{name}.yaml").retrieval
         assert (plan.d_model, plan.layers, plan.input_norm, plan.final_norm, plan.standardize) == (None, 8, False, False, False)
         assert (plan.lr, plan.weight_decay, plan.warmup_steps, plan.schedule) == (1e-4, 0.0, 500, "linear")
         assert (plan.batch_size, plan.epochs, plan.steps, plan.position) == (batch, epochs, None, position)
         assert plan.candidates_count_query and plan.texts_per_query(32) == 31  # the published 3.43 = ln 31
+        assert plan.eval_every == every  # the authors' eval_steps: their references are the best of these
     table = __import__("pandas").DataFrame([{"run_id": 1, "architecture": "mixer", "d_model": 8, "layers": 1,
                                              "heads": None, "c": 32, "eval_loss": 3.4, "accuracy": 0.1,
                                              "published": None, "steps": 10}])
@@ -308,7 +345,7 @@ def test_retrieval_blocks_written_before_the_new_settings_keep_their_sweeps_iden
     spec = parse_spec(data)
     stored = spec.model_dump(mode="json")  # as the fingerprint saw it before: none of the new keys
     for key in ("d_model", "layers", "input_norm", "final_norm", "weight_decay", "batch_size", "schedule",
-                "warmup_steps", "candidates_count_query", "position", "epochs", "standardize"):
+                "warmup_steps", "candidates_count_query", "position", "epochs", "standardize", "eval_every"):
         del stored["retrieval"][key]
     for key in ("overrides", "recipe", "plugins", "adaptive"):
         del stored[key]
