@@ -244,6 +244,9 @@ class RetrievalPlan(RetrievalSettings):
         return c - 1 if self.candidates_count_query else c
 
 
+STUDIES_EVAL = {"at": (), "every_steps": 4000, "charged": True}  # the eval plan under `recipe: studies`
+
+
 class SweepSpec(Frozen):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=NAME_MAX)
     description: str = ""
@@ -266,12 +269,18 @@ class SweepSpec(Frozen):
 
     @model_validator(mode="before")
     @classmethod
-    def _studies_tokenizer(cls, data: Any) -> Any:
-        """Under `recipe: studies`, a trained tokenizer is the studies' (style llama) unless the sweep names one."""
+    def _studies_defaults(cls, data: Any) -> Any:
+        """Under `recipe: studies`, what the sweep leaves unsaid is the studies': a trained tokenizer of style llama,
+        and evals as the authors' HF Trainer ran them, the whole eval split every 4,000 steps on the budget clock
+        (eval_steps=4000, evaluation_strategy='steps' in every CLM trainer, e.g. blbadger/maskedmixers
+        mixer_lm/mixer_trainer.py@2270414:368; their 12 h included those evals), none at budget fractions."""
         if isinstance(data, dict) and data.get("recipe") == "studies":
             tokenizer = data.get("tokenizer") or {}
             if isinstance(tokenizer, dict) and tokenizer.get("name") is None and tokenizer.get("style") is None:
                 data = {**data, "tokenizer": {**tokenizer, "style": "llama"}}
+            evals = data.get("eval") or {}
+            if isinstance(evals, dict):
+                data = {**data, "eval": {**STUDIES_EVAL, **evals}}
         return data
 
     def fingerprint(self) -> str:

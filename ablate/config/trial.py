@@ -54,7 +54,8 @@ def describe_recipe(trial: TrialConfig) -> str:
             f"{trial.schedule} schedule {horizon}, compile {'auto' if trial.compile is None else trial.compile}"
             + ("" if not registry.objective(trial.objective).token_targets else  # e.g. a class, not tokens
                f", end-of-text {'scored' if trial.eos_is_target else 'not scored (input only)'}")
-            + (f", train loss over the last {trial.train_loss_steps} steps" if trial.train_loss_steps else ""))
+            + (f", train loss over the last {trial.train_loss_steps} steps" if trial.train_loss_steps else "")
+            + (f"; {trial.eval.describe()}" if trial.eval.charged or trial.eval.every_steps else ""))
 
 
 # sizes past these are typing slips (context: 1000000000), refused in `plan` rather than a MemoryError at the first batch

@@ -207,9 +207,27 @@ class Budget(Frozen):
 
 
 
-class EvalPlan(Frozen):
-    at: tuple[Real, ...] = (0.25, 0.5, 0.75)  # budget fractions with an eval (clock paused); a final eval always runs
+class EvalPlan(LaterFields):
+    at: tuple[Real, ...] = (0.25, 0.5, 0.75)  # budget fractions with an eval; a final eval always runs
     batches: Whole | None = Field(None, gt=0)  # cap on batches per intermediate eval; final eval uses the whole split
+    # an eval every this many optimizer steps as well (HF's eval_steps: the studies' recipe sets 4000)
+    every_steps: Whole | None = Field(None, gt=0)
+    # intermediate evals run on the budget clock (measured: the clock runs through them, as the studies' HF Trainer's
+    # wall clock did); None/false: the clock pauses for them. Their time is metered apart either way.
+    charged: bool | None = None
+
+    _added_later = ("every_steps", "charged")
+
+    def describe(self) -> str:
+        """When the intermediate evals run and whether they cost budget (plan and report headers print it)."""
+        when = [f"at {', '.join(f'{f:.0%}' for f in self.at)} of the budget"] if self.at else []
+        when += [f"every {self.every_steps} steps"] if self.every_steps else []
+        size = "the whole eval split" if self.batches is None else f"{self.batches} batches"
+        if not when:
+            return "one eval at the end (the whole eval split)"
+        clock = ("on the budget clock (charged: the clock runs through them)" if self.charged
+                 else "off the budget clock (paused)")
+        return f"evals {' and '.join(when)} on {size}, {clock}; a final eval at the end"
 
     @field_validator("at")
     @classmethod

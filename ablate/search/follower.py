@@ -38,13 +38,15 @@ class EvalFollower:
         run = store.get_run(self.engine, self.run_id)
         with self.engine.connect() as conn:
             rows = conn.execute(
-                sa.select(store.Metric.step, store.Metric.elapsed_seconds, store.Metric.tokens, store.Metric.loss)
+                sa.select(store.Metric.step, store.Metric.elapsed_seconds, store.Metric.tokens, store.Metric.loss,
+                          store.Metric.eval_point)
                 .where(store.Metric.run_id == self.run_id, store.Metric.split == "eval").order_by(store.Metric.step)
             ).all()
-        # the final eval (at the whole budget) is the run's result, not an intermediate value
+        # the final eval (at the whole budget) is the run's result, not an intermediate value; nor is an eval every N
+        # steps (eval.every_steps: no eval_point), which no Optuna step stands for
         flops = run.flops_per_token or 0.0
-        intermediate = [r for r in rows if bud.budget_fraction(run.budget_kind, run.budget_amount, r.elapsed_seconds,
-                                                               r.step, r.tokens, flops) < 1 - 1e-9][: self.n_evals]
+        intermediate = [r for r in rows if r.eval_point is not None and bud.budget_fraction(
+            run.budget_kind, run.budget_amount, r.elapsed_seconds, r.step, r.tokens, flops) < 1 - 1e-9][: self.n_evals]
         fresh = intermediate[self.reported:]
         for k, r in enumerate(fresh, start=self.reported + 1):
             if math.isfinite(r.loss):

@@ -11,7 +11,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -71,6 +71,23 @@ class Clock:
         """Seconds on the clock (host time: no device sync between edges)."""
         running = time.perf_counter() - self.started_at if self.started_at is not None else 0.0
         return self.elapsed_before + running
+
+    @contextmanager
+    def metered(self, meter: str) -> Iterator[None]:
+        """Time the block on `meter` with the budget clock running through it (the block is charged to the budget)."""
+        if self.is_running:
+            self.sync()  # the meter holds the block's own device work, not the steps queued before it
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.is_running:
+                self.sync()
+            self.meters[meter] += time.perf_counter() - t0
+
+    def timed(self, meter: str, charged: bool | None) -> AbstractContextManager[None]:
+        """`metered` when the block is charged to the budget, else `paused`."""
+        return self.metered(meter) if charged else self.paused(meter)
 
     @contextmanager
     def paused(self, meter: str) -> Iterator[None]:

@@ -21,13 +21,13 @@ from typing import Any
 import torch
 
 from ablate.train import budget as bud
-from ablate.config import TrialConfig
+from ablate.config import EvalPlan, TrialConfig
 from ablate.config.errors import one_line
 from ablate.config.settings import environment
 from ablate.train.checkpoint import load_checkpoint, rng_state, set_rng_state
 from ablate.train.device import check_memory, is_oom
 from ablate.train.recorder import PendingLosses
-from ablate.train.state import Dist, TrainerSettings
+from ablate.train.state import Dist, Progress, TrainerSettings
 from ablate.train.stopping import Stopped, StopSignal
 from ablate.train.evaluate import evaluate
 from ablate.train.optim import shrink
@@ -197,15 +197,8 @@ def loop(t: Trainer, s: LoopState, stop: StopSignal) -> Outcome | None:
             elif d.past_horizon and d.f < 1.0:
                 t.progress.notes["ended_at_horizon"] = {"step": t.progress.step, "budget_fraction": round(d.f, 4)}
             return None
-        if d.eval:  # intermediate evals at budget fractions (clock paused)
-            with t.clock.paused("eval"):
-                ev, _ = evaluate(t.wrapped, t.prepared.eval, t.trial, t.device, t.dist, t.trial.eval.batches,
-                                 t.precision)
-                t.recorder.log(step=t.progress.step, split="eval", elapsed_seconds=t.clock.elapsed(),
-                               tokens=t.progress.tokens, loss=ev, lr=None,
-                               eval_point=t.trial.eval.at[t.progress.next_eval])
-                t.recorder.flush()
-            t.progress.next_eval += 1
+        if d.eval:  # intermediate evals at budget fractions or every N steps (clock paused unless eval.charged)
+            intermediate_eval(t, d.f)
         if d.checkpoint:  # on a wall-time interval (clock paused)
             with t.clock.paused("checkpoint"):
                 checkpoint(t, s.interval)
@@ -213,6 +206,21 @@ def loop(t: Trainer, s: LoopState, stop: StopSignal) -> Outcome | None:
         ended = train_step(t, s, d.f)
         if ended is not None:
             return ended
+
+
+def intermediate_eval(t: Trainer, f: float) -> None:
+    """An eval on eval.batches of the split: at a budget fraction (its eval_point) and/or a multiple of
+    eval.every_steps (none). Charged to the budget clock under eval.charged, the studies' HF Trainer's way.
+    `f`: the budget fraction all ranks agreed on."""
+    p, plan = t.progress, t.trial.eval
+    at_fraction = p.next_eval < len(plan.at) and f >= plan.at[p.next_eval]
+    with t.clock.timed("eval_on_clock" if plan.charged else "eval", plan.charged):  # notes.meters: how much was charged
+        ev, _ = evaluate(t.wrapped, t.prepared.eval, t.trial, t.device, t.dist, plan.batches, t.precision)
+        t.recorder.log(step=p.step, split="eval", elapsed_seconds=t.clock.elapsed(), tokens=p.tokens, loss=ev,
+                       lr=None, eval_point=plan.at[p.next_eval] if at_fraction else None)
+        t.recorder.flush()
+    p.next_eval += at_fraction
+    p.evaluated_step = p.step
 
 
 def decide(t: Trainer, s: LoopState, stop: StopSignal) -> Decision:
@@ -232,7 +240,13 @@ def decide(t: Trainer, s: LoopState, stop: StopSignal) -> Decision:
     past_horizon = t.along_horizon is not None and t.along_horizon(f, p.step, p.tokens, p.samples, p.rows) >= 1.0
     return Decision(f=f, log=want_log, read=want_read, checkpoint=want_ckpt, stop=f >= 1.0 or stop.flag or past_horizon,
                     past_horizon=past_horizon,
-                    eval=p.next_eval < len(t.trial.eval.at) and f >= t.trial.eval.at[p.next_eval])
+                    eval=eval_due(t.trial.eval, p, f))
+
+
+def eval_due(plan: EvalPlan, p: Progress, f: float) -> bool:
+    """An intermediate eval is due at the next budget fraction of eval.at, or at a multiple of eval.every_steps."""
+    by_steps = plan.every_steps is not None and p.step > 0 and p.step % plan.every_steps == 0
+    return (p.next_eval < len(plan.at) and f >= plan.at[p.next_eval]) or (by_steps and p.step != p.evaluated_step)
 
 
 def bookkeeping(t: Trainer, s: LoopState, d: Decision) -> bool:

@@ -83,6 +83,7 @@ class Progress:
     elapsed: float = 0.0  # budget clock
     meters: dict[str, float] = field(default_factory=dict)
     next_eval: int = 0  # index into trial.eval.at
+    evaluated_step: int = -1  # the step of the last intermediate eval (eval.every_steps: never twice at one step)
     intervals: list[tuple[float, ...]] = field(default_factory=list)  # (fraction, loss sum, tokens, step) per log
     micro_batch: int = 0
     grad_accum: int = 1

@@ -204,16 +204,18 @@ class Trainer:
         recorder.flush()
         if "process_cpu" in progress.notes:
             progress.notes["process_cpu"]["total"] = round(time.process_time(), 3)
-        seconds = clock.elapsed()
-        tps = progress.tokens / seconds if seconds > 0 else None
+        seconds = clock.elapsed()  # the budget clock: evals on it (eval.charged) included
+        on_clock = clock.meters.get("eval_on_clock", 0.0)
+        stepping = seconds - on_clock  # throughput and data wait are of the training steps alone
+        tps = progress.tokens / stepping if stepping > 0 else None
         flops_per_token = self.flops_per_token if mfu else None  # an OOM's throughput says nothing of its MFU
         peak_flops = bud.peak_flops(self.device_name) if flops_per_token else None
         outcome = Outcome(
             status=status, error=error, steps=progress.step, tokens=progress.tokens, samples=progress.samples,
-            train_seconds=seconds, eval_seconds=clock.meters.get("eval", 0.0),
+            train_seconds=seconds, eval_seconds=clock.meters.get("eval", 0.0) + on_clock,
             startup_seconds=clock.meters.get("startup"), checkpoint_seconds=clock.meters.get("checkpoint", 0.0),
             compile_seconds=clock.meters.get("compile", 0.0),
-            data_wait_fraction=(clock.meters.get("data", 0.0) / seconds) if seconds > 0 else None,
+            data_wait_fraction=(clock.meters.get("data", 0.0) / stepping) if stepping > 0 else None,
             tokens_per_second=tps, final_train_loss=final_train, final_eval_loss=final_eval,
             epochs=progress.samples / progress.rows if progress.rows else None,
             peak_memory_mb=peak if peak is not None else peak_memory_mb(self.device),
