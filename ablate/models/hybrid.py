@@ -60,11 +60,13 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
-    """Causal multi-head attention with RoPE and grouped key/value heads; `mask` (B, 1, T, T) bool overrides is_causal."""
+    """Causal multi-head attention with RoPE and grouped key/value heads; `mask` (B, 1, T, T) bool overrides is_causal.
+    `dropout` (training only): on the attention weights and on the output projection, as the MoD blog's Llama
+    (joey00072/ohara ohara/models/llama.py@2f01778, attn_dropout and res_dropout)."""
 
-    def __init__(self, d_model: int, heads: int, kv_heads: int):
+    def __init__(self, d_model: int, heads: int, kv_heads: int, dropout: float = 0.0):
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, d_model // heads
+        self.heads, self.kv_heads, self.head_dim, self.dropout = heads, kv_heads, d_model // heads, dropout
         self.q_proj = nn.Linear(d_model, heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(d_model, kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(d_model, kv_heads * self.head_dim, bias=False)
@@ -78,33 +80,35 @@ class Attention(nn.Module):
         if self.kv_heads != self.heads:
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)  # (B, H, T, E)
-        return self.o_proj(rearrange(y, "b h t e -> b t (h e)"))
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=mask is None)  # (B, H, T, E)
+        return F.dropout(self.o_proj(rearrange(y, "b h t e -> b t (h e)")), p, self.training)
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, d_model: int, inner: int):
+    def __init__(self, d_model: int, inner: int, dropout: float = 0.0):
         super().__init__()
         self.gate_proj = nn.Linear(d_model, inner, bias=False)
         self.up_proj = nn.Linear(d_model, inner, bias=False)
         self.down_proj = nn.Linear(inner, d_model, bias=False)
+        self.dropout = dropout  # on the output, training only (the blog's SwiGLU, ohara/modules/mlp.py@2f01778:35)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return F.dropout(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)), self.dropout, self.training)
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm Llama layer; with `mixer` set, a hybrid layer (see the module docstring for placement)."""
 
     def __init__(self, d_model: int, heads: int, kv_heads: int, inner: int, mixer: SequenceMixing | None = None,
-                 placement: str = "sequential"):
+                 placement: str = "sequential", dropout: float = 0.0):
         super().__init__()
         self.placement = placement
         self.input_norm = RMSNorm(d_model)
-        self.attn = Attention(d_model, heads, kv_heads)
+        self.attn = Attention(d_model, heads, kv_heads, dropout)
         self.mixer = mixer
         self.post_attention_norm = RMSNorm(d_model)
-        self.mlp = SwiGLU(d_model, inner)
+        self.mlp = SwiGLU(d_model, inner, dropout)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
         h = self.input_norm(x)

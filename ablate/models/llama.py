@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 # options and sizes live without torch in llama_options; the registry contract re-exports them here
@@ -19,13 +20,20 @@ if TYPE_CHECKING:
 
 
 class Llama(nn.Module):
-    """Wraps LlamaForCausalLM so that forward returns a plain logits tensor."""
+    """Wraps LlamaForCausalLM so that forward returns a plain logits tensor. `dropout` > 0 adds, in training only,
+    dropout on each layer's attention output and MLP output, as the MoD blog's Llama (joey00072/ohara
+    ohara/models/llama.py@2f01778: res_dropout after the output projection, SwiGLU's dropout after down); the
+    attention weights' own dropout is transformers' `attention_dropout` (hf_config)."""
 
-    def __init__(self, config):
+    def __init__(self, config, dropout: float = 0.0):
         super().__init__()
         from transformers import LlamaForCausalLM
 
         self.hf = LlamaForCausalLM(config)
+        if dropout:
+            for layer in self.hf.model.layers:
+                for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                    proj.register_forward_hook(_dropout_after(dropout))
 
     @property
     def layers(self) -> nn.ModuleList:
@@ -52,6 +60,13 @@ class Llama(nn.Module):
         return self.hf.lm_head(self.hidden_states(input_ids))  # (B, T, V)
 
 
+def _dropout_after(p: float):
+    def hook(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+        return F.dropout(output, p, module.training)
+
+    return hook
+
+
 def hf_config(trial: TrialConfig, vocab_size: int):
     from transformers import LlamaConfig
 
@@ -66,6 +81,7 @@ def hf_config(trial: TrialConfig, vocab_size: int):
         head_dim=trial.d_model // trial.heads,
         max_position_embeddings=trial.context,
         tie_word_embeddings=o.tie_weights,
+        attention_dropout=o.dropout,
         attn_implementation="sdpa",
         use_cache=False,
         bos_token_id=None,
@@ -75,4 +91,4 @@ def hf_config(trial: TrialConfig, vocab_size: int):
 
 
 def build(trial: TrialConfig, vocab_size: int) -> nn.Module:
-    return Llama(hf_config(trial, vocab_size))
+    return Llama(hf_config(trial, vocab_size), Options(**trial.options).dropout)

@@ -15,6 +15,9 @@ class Options(BaseModel):
 
     intermediate: int | None = Field(None, gt=0, description="MLP inner width; default 4 * d_model")
     tie_weights: bool = Field(False, description="share the token embedding with the LM head")
+    dropout: float = Field(0.0, ge=0, lt=1, description="training-only dropout on the attention weights (transformers' "
+                           "attention_dropout), the attention output and the MLP output of every layer (the MoD blog's "
+                           "Llama: 0.2); 0: transformers' Llama as it is")
 
     def check_trial(self, trial: TrialConfig) -> None:
         if trial.heads is None:

@@ -25,6 +25,8 @@ clears them), so that it joins the main loss before any fp16 loss scaling.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
@@ -46,16 +48,17 @@ class RoutedLayer(nn.Module):
             raise ValueError(reason)
         self.opts, self.head_dim = opts, d_model // heads
         self.adds_input = opts.output == "delta"  # the update is block(x) - x, else block(x) itself
-        self.block = DecoderLayer(d_model, heads, kv_heads, inner)
+        self.block = DecoderLayer(d_model, heads, kv_heads, inner, dropout=opts.dropout)
         self.router = nn.Linear(d_model, 1, bias=False)
         self.aux_router = nn.Sequential(nn.Linear(d_model, d_model // 2), nn.SiLU(), nn.Linear(d_model // 2, 1))
         self.last_selected: Tensor | None = None  # (B, T) bool, for tests and diagnostics
+        self.topk_in_eval = False  # set only by MixtureOfDepths.routing_as_in_training (a non-causal eval)
         self.aux_loss: Tensor | None = None  # the aux router's BCE from the last train-mode forward, with its graph
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, d = x.shape
         scores = self.router(x)[..., 0].float()  # (B, T)
-        if self.training:
+        if self.training or self.topk_in_eval:
             c = self.opts.capacity_tokens(t)
             index = scores.topk(c, dim=1).indices.sort(dim=1).values  # (B, C), causal order
             selected = torch.zeros(b, t, dtype=torch.bool, device=x.device).scatter(1, index, True)
@@ -99,8 +102,8 @@ class MixtureOfDepths(nn.Module):
         inner = opts.intermediate or 4 * d_model
         self.embed = nn.Embedding(vocab_size, d_model)
         self.layers = nn.ModuleList(
-            RoutedLayer(d_model, heads, kv_heads, inner, opts) if opts.is_routed(i) else DecoderLayer(d_model, heads, kv_heads, inner)
-            for i in range(layers)
+            RoutedLayer(d_model, heads, kv_heads, inner, opts) if opts.is_routed(i)
+            else DecoderLayer(d_model, heads, kv_heads, inner, dropout=opts.dropout) for i in range(layers)
         )
         self.norm = RMSNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
@@ -117,6 +120,20 @@ class MixtureOfDepths(nn.Module):
         for layer in self.routed_layers():
             layer.aux_loss = None
         return sum(losses[1:], losses[0]) if losses else None
+
+    @contextmanager
+    def routing_as_in_training(self) -> Iterator[None]:
+        """Eval-mode forwards inside route by top-k over the sequence, as training does: NOT causal. The MoD blog's
+        validation loss was this one (its model.eval() kept top-k routing; its inference() is unimplemented,
+        joey00072/ohara experiments/mixture_of_depth/mixture_of_depth.py@2f01778:165-170); the trainer reports it
+        apart from the causal test loss, labelled non-causal."""
+        for layer in self.routed_layers():
+            layer.topk_in_eval = True
+        try:
+            yield
+        finally:
+            for layer in self.routed_layers():
+                layer.topk_in_eval = False
 
     def hidden_states(self, input_ids: Tensor) -> Tensor:
         cos, sin = rotary(torch.arange(input_ids.shape[1], device=input_ids.device), self.head_dim)

@@ -35,6 +35,8 @@ class Options(BaseModel):
     inference_router: Literal["aux", "topk"] = Field("aux", description="eval-mode selection: the causal auxiliary router; topk (training-time top-k in eval) is refused: not causal")
     intermediate: int | None = Field(None, gt=0, description="SwiGLU inner width; default 4 * d_model")
     tie_weights: bool = Field(False, description="share the token embedding with the LM head")
+    dropout: float = Field(0.0, ge=0, lt=1, description="training-only dropout on the attention weights, the attention "
+                           "output and the MLP output of every block (the blog's code: 0.2)")
 
     def check_trial(self, trial: TrialConfig) -> None:
         if trial.heads is None:

@@ -100,11 +100,19 @@ def one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView], extra: 
             ("Epochs", [_epochs_cell(runs) for runs in cols])]
     if any(_bits_per_byte(r) is not None for runs in cols for r in runs):  # under Test: its loss per byte
         rows.insert(2, ("Test (bits/byte)", [_loss_cell(runs, _bits_per_byte, mixed) for runs in cols]))
+    if any(_train_routing(r) is not None for runs in cols for r in runs):  # MoD: also as its training routes
+        rows.insert(2, (TRAIN_ROUTING_ROW, [_loss_cell(runs, _as_routed_in_training, mixed) for runs in cols]))
     if spec.budget.kind != "wall_clock":  # the budget is work: say how long each cell took to do it
         rows.append(("Train time (s)", [_range_cell([r.row.train_seconds for r in runs], "{:.0f}") for runs in cols]))
     if any(getattr(r.row, "final_eval_accuracy", None) is not None for runs in cols for r in runs):
         rows.append(("Test accuracy", [_loss_cell(runs, "final_eval_accuracy", mixed) for runs in cols]))
     notes = _uncertainty_notes(cols, spec.report.min_steps, short)
+    if any(label == TRAIN_ROUTING_ROW for label, _ in rows):
+        notes.append(f"{TRAIN_ROUTING_ROW}: the routed runs' test split once more with top-k routing over each whole "
+                     "sequence, as they train: later tokens decide which earlier ones a block computes, so it is not "
+                     "a causal loss, but it is what the mixture-of-depths blog reported as validation loss (its model "
+                     "had no causal inference); compare the blog's claims there. A run that does not route has one "
+                     "test loss, the same in both rows.")
     if averaged:
         notes.append(f"Grouped by {', '.join([col_axis, *extra])}: each cell averages its runs over seeds and "
                      f"{', '.join(averaged)} (n counts runs).")
@@ -185,6 +193,21 @@ def _bits_per_byte(v: RunView) -> float | None:
     if not per_token or loss is None or (v.trial is not None and v.trial.objective != "clm"):
         return None
     return loss / math.log(2) / per_token
+
+
+TRAIN_ROUTING_ROW = "Test, top-k routing (not causal)"
+
+
+def _train_routing(v: RunView) -> float | None:
+    """A routed run's test loss with the model routing as in training (top-k over each sequence: not causal)."""
+    return (v.row.notes or {}).get("eval_loss_train_routing") if isinstance(v.row.notes, dict) else None
+
+
+def _as_routed_in_training(v: RunView) -> float | None:
+    """The row's value: a routed run's train-routing test loss; a run that does not route computes its test loss one
+    way only (the same in both modes), so that one."""
+    value = _train_routing(v)
+    return value if value is not None else v.row.final_eval_loss
 
 
 def _tokenizers_note(spec: SweepSpec) -> str:

@@ -29,6 +29,7 @@ from ablate.train.device import check_memory, is_oom
 from ablate.train.recorder import PendingLosses
 from ablate.train.state import Dist, Progress, TrainerSettings
 from ablate.train.stopping import Stopped, StopSignal
+from ablate.objectives import base as objectives
 from ablate.train.evaluate import evaluate
 from ablate.train.optim import shrink
 from ablate.train.points import checkpoint, final_train_loss, progress_bar, record_losses
@@ -223,6 +224,15 @@ def intermediate_eval(t: Trainer, f: float) -> None:
     p.evaluated_step = p.step
 
 
+def train_routing_eval(t: Trainer) -> float:
+    """The whole eval split once more with the model routing as in training (top-k over each sequence: not
+    causal): the loss the MoD blog called validation loss. Uncompiled and outside DDP: eval only, no gradients."""
+    with t.model.routing_as_in_training():
+        loss, _ = evaluate(objectives.Objective(t.trial, t.model), t.prepared.eval, t.trial, t.device, t.dist, None,
+                           t.precision)
+    return loss
+
+
 def decide(t: Trainer, s: LoopState, stop: StopSignal) -> Decision:
     """Whether this step logs, reads, checkpoints, evaluates or stops: every decision every rank takes alike (a
     wall-clock fraction differs by a few microseconds between ranks: the largest is everyone's, for the stop, the
@@ -311,6 +321,8 @@ def finish(t: Trainer, s: LoopState) -> Outcome:
 
     with t.clock.paused("eval"):
         final_eval, accuracy = evaluate(t.wrapped, t.prepared.eval, t.trial, t.device, t.dist, None, t.precision)
+        if hasattr(t.model, "routing_as_in_training"):  # MoD: also as its training routes, labelled non-causal
+            t.progress.notes["eval_loss_train_routing"] = train_routing_eval(t)
     if accuracy is not None:
         t.recorder.update(final_eval_accuracy=accuracy)
     t.recorder.log(step=t.progress.step, split="eval", elapsed_seconds=t.clock.elapsed(), tokens=t.progress.tokens,

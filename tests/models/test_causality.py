@@ -27,13 +27,14 @@ MISSING = "<no value chosen>"
 
 # Two legal values of each numeric option: the one that is not the default is checked, and the default.
 OTHER_VALUES: dict[str, dict[str, tuple[Any, Any]]] = {
-    "llama": {"intermediate": (24, 40)},
+    "llama": {"intermediate": (24, 40), "dropout": (0.0, 0.2)},  # eval mode must switch dropout off
     "gpt": {"dropout": (0.0, 0.1)},  # eval mode must switch dropout off
     "mixer": {"expand": (1, 2), "parallel_convs": (1, 2), "kernel": (1, 3), "mixer_heads": (0, 2), "head_dim": (0, 4),
               "ffn_mult": (4, 2)},
     "hybrid": {"intermediate": (24, 40)},
     "metaformer": {"ffn_mult": (4, 2), "pool_kernel": (3, 5)},
-    "mod": {"capacity": (0.125, 0.5), "every": (2, 1), "intermediate": (24, 40), "first_routed": (None, 0)},
+    "mod": {"capacity": (0.125, 0.5), "every": (2, 1), "intermediate": (24, 40), "first_routed": (None, 0),
+            "dropout": (0.0, 0.2)},
 }
 # The options an option needs set to be legal, or to have any effect.
 COMPANIONS: dict[tuple[str, str], dict[str, Any]] = {
