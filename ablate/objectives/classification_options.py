@@ -32,5 +32,9 @@ def check_trial(trial: TrialConfig) -> None:
 
 
 def param_counts(trial: TrialConfig, total: int, inter: int, vocab: int, family: ModuleType) -> tuple[int, int]:
-    settings = trial.objective_settings()  # the class head (the LM head stays, frozen)
-    return total + trial.d_model * settings.classes + (settings.classes if settings.bias else 0), inter
+    """The model's trained parameters: the family's, less its LM head (built, frozen and never run: a class is read
+    from the hidden states) unless tied to the embedding, plus the class head."""
+    settings = trial.objective_settings()
+    tied = getattr(family.Options(**trial.options), "tie_weights", False) if hasattr(family, "Options") else False
+    lm_head = 0 if tied else vocab * trial.d_model
+    return total - lm_head + trial.d_model * settings.classes + (settings.classes if settings.bias else 0), inter

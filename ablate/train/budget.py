@@ -162,16 +162,24 @@ def schedule_position(trial: TrialConfig) -> Callable[[float, int, int, int, int
 
 def schedule(trial: TrialConfig) -> Callable[[float, int, int, int, int | None], float]:
     """A trial's learning rate as a function of (budget fraction, step, tokens, samples, rows): its schedule over
-    its horizon (else the budget), its warm-up in steps or as a fraction. Settings are read once, here."""
+    its horizon (else the budget), its warm-up in steps or as a fraction. Settings are read once, here.
+
+    A warm-up in steps ends where the decay starts, at the peak, as HF's schedule does: over a horizon in steps at
+    W / H; over one in epochs or tokens at the position step W reached, f * W / step (exact for epochs, whose
+    position grows by one global batch a step; for tokens, at the mean tokens per step so far). Over the budget
+    the decay starts at 0 (the clock's position of step W is not known in advance)."""
     h, peak, kind, warmup_steps = trial.horizon, trial.lr, trial.schedule, trial.warmup_steps
     position = schedule_position(trial)
-    ends = min(warmup_steps / h.steps, 0.999) if (warmup_steps and h is not None and h.steps is not None) else 0.0
+    in_steps = h is not None and h.steps is not None
+    along_work = h is not None and not in_steps  # epochs or tokens
+    ends = min(warmup_steps / h.steps, 0.999) if (warmup_steps and in_steps) else 0.0
 
     def at(budget_fraction: float, step: int, tokens: int, samples: int, rows: int | None) -> float:
         f = position(budget_fraction, step, tokens, samples, rows)
         if warmup_steps is None:
             return lr_at(f, peak, kind, trial.warmup)
-        return lr_at(f, peak, kind, ends, ramp=step / warmup_steps if warmup_steps else 1.0)
+        start = min(f * warmup_steps / step, 0.999) if (along_work and warmup_steps and step) else ends
+        return lr_at(f, peak, kind, start, ramp=step / warmup_steps if warmup_steps else 1.0)
 
     return at
 

@@ -91,7 +91,8 @@ class Trainer:
             self.progress.notes["eval_bytes_per_token"] = round(self.prepared.eval_bytes_per_token, 5)
         self.family = registry.check_architecture(trial.architecture)  # its counts, with a plugin's defaults
         self.model = objectives.model_for(trial, self.prepared.vocab_size).to(device)
-        self.params = sum(p.numel() for p in self.model.parameters())
+        # the parameters that train (a classifier's LM head is built but frozen and never run: not counted, nor its FLOPs)
+        self.params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         # lookups cost no FLOPs; a tied embedding is also the LM head, whose FLOPs do count
         head_weights = {id(m.weight) for m in self.model.modules() if isinstance(m, torch.nn.Linear)}
         embedding = sum(m.weight.numel() for m in self.model.modules()
