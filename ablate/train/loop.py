@@ -322,7 +322,9 @@ def finish(t: Trainer, s: LoopState) -> Outcome:
     with t.clock.paused("eval"):
         final_eval, accuracy = evaluate(t.wrapped, t.prepared.eval, t.trial, t.device, t.dist, None, t.precision)
         if hasattr(t.model, "routing_as_in_training"):  # MoD: also as its training routes, labelled non-causal
-            t.progress.notes["eval_loss_train_routing"] = train_routing_eval(t)
+            routed = train_routing_eval(t)
+            if math.isfinite(routed):  # run notes are JSON: a diverged run's NaN has no place there
+                t.progress.notes["eval_loss_train_routing"] = routed
     if accuracy is not None:
         t.recorder.update(final_eval_accuracy=accuracy)
     t.recorder.log(step=t.progress.step, split="eval", elapsed_seconds=t.clock.elapsed(), tokens=t.progress.tokens,
