@@ -27,7 +27,7 @@ def trial(**over) -> TrialConfig:
 def test_a_step_warm_up_hands_over_at_the_peak_over_an_epochs_or_tokens_horizon(horizon):
     """8 rows and 1,000 tokens a step over 1,000 rows: both horizons are 250 steps. HF's linear schedule with 100
     warm-up steps: step / 100, then (250 - step) / 150. The decay used to start at the horizon's origin, so at step
-    100 the rate was already 0.6 of the peak here (0.13% of it in the studies' 12-h runs)."""
+    100 the rate was already 0.6 of the peak here (a fraction of a percent in the studies' runs)."""
     at = bud.schedule(trial(warmup_steps=100, horizon=horizon))
 
     def hf(step: int) -> float:
