@@ -214,7 +214,7 @@ def intermediate_eval(t: Trainer, f: float) -> None:
     eval.every_steps (none). Charged to the budget clock under eval.charged, the studies' HF Trainer's way.
     `f`: the budget fraction all ranks agreed on."""
     p, plan = t.progress, t.trial.eval
-    at_fraction = p.next_eval < len(plan.at) and f >= plan.at[p.next_eval]
+    at_fraction = fraction_due(plan, p, f)
     with t.clock.timed("eval_on_clock" if plan.charged else "eval", plan.charged):  # notes.meters: how much was charged
         ev, _ = evaluate(t.wrapped, t.prepared.eval, t.trial, t.device, t.dist, plan.batches, t.precision)
         t.recorder.log(step=p.step, split="eval", elapsed_seconds=t.clock.elapsed(), tokens=p.tokens, loss=ev,
@@ -253,10 +253,15 @@ def decide(t: Trainer, s: LoopState, stop: StopSignal) -> Decision:
                     eval=eval_due(t.trial.eval, p, f))
 
 
+def fraction_due(plan: EvalPlan, p: Progress, f: float) -> bool:
+    """The budget has reached eval.at's next fraction."""
+    return p.next_eval < len(plan.at) and f >= plan.at[p.next_eval]
+
+
 def eval_due(plan: EvalPlan, p: Progress, f: float) -> bool:
     """An intermediate eval is due at the next budget fraction of eval.at, or at a multiple of eval.every_steps."""
     by_steps = plan.every_steps is not None and p.step > 0 and p.step % plan.every_steps == 0
-    return (p.next_eval < len(plan.at) and f >= plan.at[p.next_eval]) or (by_steps and p.step != p.evaluated_step)
+    return fraction_due(plan, p, f) or (by_steps and p.step != p.evaluated_step)
 
 
 def bookkeeping(t: Trainer, s: LoopState, d: Decision) -> bool:
