@@ -139,6 +139,11 @@ def main() -> None:
             "runs, filter + sort": "/api/runs" + q(filter="d_model=64 layers>=2 eval<3", sort="-eval"),
             "curves, seeds as bands": "/api/curves" + q(), "curves, one per run": "/api/curves" + q(group="runs"),
             "curves, by d_model (flops)": "/api/curves" + q(group="d_model", x="flops"),
+            "curves, faceted by d_model": "/api/curves" + q(facet="d_model"),
+            "curves, a selection of 4 runs": "/api/curves" + q(group="runs", runs="1,2,3,4"),
+            "curves as SVG": "/api/curves.svg" + q(group="d_model"),
+            "runs as CSV (every run)": "/api/runs.csv" + q(),
+            "compare 3 runs": "/api/compare?runs=1,2,3",
             "study (tables + verdicts)": "/api/study" + q(), "run page (json)": "/api/run/1",
             "run curves": "/api/run/1/curves",
         }

@@ -23,7 +23,7 @@ from ablate.config.units import X_KINDS
 from ablate.results.bands import MAX_POINTS, thin
 from ablate.results.equal import x_of
 from ablate.results.points import run_points
-from ablate.results.status import FIRST, RUN_COLUMNS, status_row
+from ablate.results.status import EXTRA, FIRST, RUN_COLUMNS, status_row
 
 
 
@@ -79,7 +79,8 @@ def run_rows(engine: sa.Engine, sweep_id: int) -> list[dict[str, Any]]:
     configurations apart), status, progress, the latest losses, epochs and the first line of an error."""
     r = store.Run
     with engine.connect() as conn:
-        rows = conn.execute(sa.select(*(getattr(r, c) for c in RUN_COLUMNS), r.config).where(r.sweep_id == sweep_id)
+        rows = conn.execute(sa.select(*(getattr(r, c) for c in dict.fromkeys(RUN_COLUMNS + EXTRA)), r.config)
+                            .where(r.sweep_id == sweep_id)
                             .order_by(r.trial_index)).all()
     out = [_flat(row) for row in rows]
     varying, flats = fields_that_differ([row.config for row in rows], skip=("seed", "options", "objective_options"))
@@ -89,13 +90,25 @@ def run_rows(engine: sa.Engine, sweep_id: int) -> list[dict[str, Any]]:
     return out
 
 
+def some_runs(engine: sa.Engine, ids: Sequence[int]) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+    """A few runs of any sweeps as flat rows (their sweep's name first) and their trial configs by id."""
+    r = store.Run
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(*(getattr(r, c) for c in dict.fromkeys(RUN_COLUMNS + EXTRA)), r.config,
+                                      store.Sweep.name.label("sweep_name"))
+                            .join(store.Sweep, store.Sweep.id == r.sweep_id).where(r.id.in_(list(ids)))).all()
+    return [{"sweep": row.sweep_name, **_flat(row)} for row in rows], {row.id: row.config for row in rows}
+
+
 def _flat(row: Any) -> dict[str, Any]:
-    """A run's status row (results/status.py), its options as `options.KEY` columns."""
+    """A run's status row (results/status.py), its options as `options.KEY` columns, then the EXTRA fields."""
     out = status_row(row)
     options = out.pop("options")
     at = list(out).index(FIRST[-1]) + 1 + len(AXIS_FIELDS)  # after the axes, as the terminal shows them
     items = list(out.items())
-    return dict(items[:at] + [(f"options.{k}", v) for k, v in options.items()] + items[at:])
+    extra = [(k, v.isoformat(" ", "seconds") if hasattr(v, "isoformat") else v)
+             for k, v in ((k, getattr(row, k)) for k in EXTRA)]
+    return dict(items[:at] + [(f"options.{k}", v) for k, v in options.items()] + items[at:] + extra)
 
 
 def curves(engine: sa.Engine, run_ids: Sequence[int], x: str = "steps", split: str = "eval",

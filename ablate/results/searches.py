@@ -34,7 +34,7 @@ def search_summaries(engine: sa.Engine) -> list[dict[str, Any]]:
 
 
 def _summary(engine: sa.Engine, t: dict[str, sa.Table], study_id: int, name: str) -> dict[str, Any]:
-    trials = _trials(engine, t, study_id)
+    trials, _ = _trials(engine, t, study_id)
     direction = _direction(engine, t, study_id)
     counts: dict[str, int] = {}
     for tr in trials:
@@ -56,7 +56,11 @@ def search_trials(engine: sa.Engine, name: str) -> dict[str, Any]:
     if study_id is None:
         raise AblateError(f"no search study named {name!r} in the results DB{did_you_mean(name, names)}; known: "
                           f"{', '.join(names) or 'none yet'}")
-    return {"name": name, "direction": _direction(engine, t, study_id).lower(), "trials": _trials(engine, t, study_id)}
+    direction = _direction(engine, t, study_id).lower()
+    trials, kinds = _trials(engine, t, study_id)
+    return {"name": name, "direction": direction, "trials": trials,
+            "params": {k: {"log": v["log"], "choices": v["choices"]} for k, v in kinds.items()},
+            "importances": importances(trials, kinds, direction)}
 
 
 def _direction(engine: sa.Engine, t: dict[str, sa.Table], study_id: int) -> str:
@@ -66,7 +70,8 @@ def _direction(engine: sa.Engine, t: dict[str, sa.Table], study_id: int) -> str:
     return str(getattr(found[0], "name", found[0])) if found else "MINIMIZE"
 
 
-def _trials(engine: sa.Engine, t: dict[str, sa.Table], study_id: int) -> list[dict[str, Any]]:
+def _trials(engine: sa.Engine, t: dict[str, sa.Table], study_id: int
+            ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     from optuna.distributions import json_to_distribution
 
     tr, vals, params, attrs = t["trials"], t["trial_values"], t["trial_params"], t["trial_user_attributes"]
@@ -77,14 +82,40 @@ def _trials(engine: sa.Engine, t: dict[str, sa.Table], study_id: int) -> list[di
         values = dict(conn.execute(sa.select(vals.c.trial_id, vals.c.value)
                                    .where(vals.c.trial_id.in_(ids), vals.c.objective == 0)).all()) if ids else {}
         chosen: dict[int, dict[str, Any]] = {}
+        kinds: dict[str, dict[str, Any]] = {}
         for tid, pname, pvalue, dist in (conn.execute(sa.select(params.c.trial_id, params.c.param_name,
                                                                 params.c.param_value, params.c.distribution_json)
                                                       .where(params.c.trial_id.in_(ids))) if ids else ()):
-            chosen.setdefault(tid, {})[pname] = json_to_distribution(dist).to_external_repr(pvalue)
+            d = json_to_distribution(dist)
+            chosen.setdefault(tid, {})[pname] = d.to_external_repr(pvalue)
+            kinds.setdefault(pname, {"json": dist, "log": bool(getattr(d, "log", False)),
+                                     "choices": list(getattr(d, "choices", ())) or None})
         runs = {tid: json.loads(v) for tid, v in (conn.execute(
             sa.select(attrs.c.trial_id, attrs.c.value_json).where(attrs.c.trial_id.in_(ids), attrs.c.key == "run_id"))
             if ids else ())}
     when = lambda v: v.isoformat(" ", "seconds") if v is not None else None  # noqa: E731
     return [{"number": r.number, "state": str(getattr(r.state, "name", r.state)), "value": values.get(r.trial_id),
              "params": chosen.get(r.trial_id, {}), "run": runs.get(r.trial_id), "started": when(r.datetime_start),
-             "finished": when(r.datetime_complete)} for r in rows]
+             "finished": when(r.datetime_complete)} for r in rows], kinds
+
+
+def importances(trials: list[dict[str, Any]], kinds: dict[str, dict[str, Any]], direction: str
+                ) -> dict[str, Any]:
+    """Each parameter's importance to the value, by Optuna's PED-ANOVA (offline, no scikit-learn) over the
+    completed trials, computed on an in-memory copy of them (the results DB is only read); or why there is none."""
+    import optuna
+    from optuna.distributions import json_to_distribution
+
+    done = [t for t in trials if t["state"] == "COMPLETE" and t["value"] is not None and set(t["params"]) == set(kinds)]
+    if len(kinds) < 2 or len(done) < 4:
+        return {"values": {}, "why": "importances need at least 2 parameters and 4 completed trials"}
+    dists = {k: json_to_distribution(v["json"]) for k, v in kinds.items()}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction=direction)
+    study.add_trials([optuna.trial.create_trial(params=t["params"], distributions=dists, value=t["value"])
+                      for t in done])
+    try:
+        found = optuna.importance.get_param_importances(study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
+    except (ValueError, RuntimeError) as exc:  # too few trials above its quantile, a constant value
+        return {"values": {}, "why": f"Optuna could not compute importances: {exc}"}
+    return {"values": {k: round(float(v), 4) for k, v in found.items()}, "why": "PED-ANOVA (Optuna), completed trials"}

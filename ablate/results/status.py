@@ -18,10 +18,13 @@ from ablate.config.axes import AXIS_FIELDS
 # the run-row columns a status row is made of
 RUN_COLUMNS = ("id", "trial_index", "status", *AXIS_FIELDS, "options", "budget_kind", "budget_amount",
                "train_seconds", "steps", "last_step", "last_elapsed_seconds", "final_train_loss", "last_train_loss",
-               "final_eval_loss", "last_eval_loss", "epochs", "params", "flops_per_token", "error", "finished_at",
+               "final_eval_loss", "last_eval_loss", "epochs", "params", "flops_per_token", "tokens", "error", "finished_at",
                "heartbeat_at", "claimed_by", "pid")
 FIRST = ("run", "status", "progress")  # a status row's columns before the axes and options
 LAST = ("steps", "train", "eval", "epochs", "reason")  # and after them
+# run-row fields the dashboard's rows also carry, shown on request (its column chooser), filtered and sorted by
+EXTRA = ("params", "flops_per_token", "tokens_per_second", "tokens", "train_seconds", "mfu", "peak_memory_mb",
+         "final_eval_accuracy", "precision", "code_version", "host", "device_name", "attempts", "started_at")
 REASON_CHARS = 200  # a reason is the first line of the error, cut here
 
 
@@ -40,14 +43,19 @@ def status_row(row: Any) -> dict[str, Any]:
 
 
 def progress(row: Any) -> float | None:
-    """The fraction of its budget a run has used: 1 once completed; otherwise from its clock (a wall-clock
-    budget) or its steps (a step budget), as far as it got; None where the row does not say."""
+    """The fraction of its budget a run has used: 1 once completed; otherwise (running, and a run that ended
+    early: diverged, oom, failed, cancelled, pruned) from its clock, steps, tokens or FLOPs, as far as it got;
+    None where the row does not say."""
     if row.status == "completed":
         return 1.0
     if not row.budget_amount:
         return None
+    steps = row.steps if row.steps is not None else row.last_step
+    tokens = getattr(row, "tokens", None)
     used = {"wall_clock": row.train_seconds if row.train_seconds is not None else row.last_elapsed_seconds,
-            "steps": row.steps if row.steps is not None else row.last_step}.get(row.budget_kind)
+            "steps": steps, "tokens": tokens,
+            "flops": None if tokens is None or not row.flops_per_token else tokens * row.flops_per_token,
+            }.get(row.budget_kind)
     return None if used is None else round(min(used / row.budget_amount, 1.0), 4)
 
 

@@ -21,14 +21,13 @@ from ablate import store
 from ablate.config.errors import AblateError
 from ablate.config.units import X_KINDS
 from ablate.results import live, searches
-from ablate.results.bands import group_curves
-from ablate.ui import table
+from ablate.ui import charts, reads, table
 
 HERE = Path(__file__).parent
 PAGE_ROWS = 50  # runs per page of the table
 MAX_SERIES = 40  # curves per chart: the first ones the table's filter and sort pick
+MAX_COMPARE = 8  # runs one comparison shows side by side
 MAX_CURVE_RUNS = 1000  # runs whose points one chart reads (10,000 runs x 20 eval points: ~1 CPU-s; this ~0.1)
-LOG_TAIL = 200  # lines of a run's log on its page
 SAMPLE_MODELS, MAX_SAMPLE_TOKENS, MAX_PROMPT = 2, 256, 1000  # models kept loaded; a sample's bounds
 STUDY_EVERY = 30.0  # seconds: the study (the report's tables and tests, ~3 CPU-s at 10,000 runs) is read at most this often
 COOKIE = "ablate_ui_token"
@@ -113,38 +112,113 @@ class Dashboard:
         return {"token": now, "finished": finished}
 
     def runs(self, sweep: str, filter: str = "", sort: str = "", offset: int = 0,  # noqa: A002 - the query's name
-             limit: int = PAGE_ROWS) -> dict[str, Any]:
+             limit: int = PAGE_ROWS, columns: str = "") -> dict[str, Any]:
         now, rows, cols = self.rows_of(sweep)
         counts: dict[str, int] = {}
         for r in rows:
             counts[r["status"]] = counts.get(r["status"], 0) + 1
-        return {**table.page(rows, filter, sort, offset, max(1, min(limit, 500)), cols), "token": now,
-                "counts": dict(sorted(counts.items()))}
+        page = table.page(rows, filter, sort, offset, max(1, min(limit, 500)), cols, columns)
+        style, by_id = self.cache.get("style", live.sweep_row(self.engine, sweep).id, now, lambda: (
+            charts.styles(rows, charts.group_keys("seeds", cols)), {r["run"]: r for r in rows}))
+        for r in page["rows"]:  # the configuration's colour and dash, as its curve has them
+            r["_color"], r["_dash"] = style["of"](by_id[r["run"]])
+        return {**page, "token": now, "counts": dict(sorted(counts.items()))}
+
+    def runs_csv(self, sweep: str, filter: str = "", sort: str = "", columns: str = "") -> Any:  # noqa: A002
+        """Every run the filter keeps (not one page), in the table's order and columns, as CSV."""
+        from fastapi.responses import Response
+
+        _, rows, cols = self.rows_of(sweep)
+        shown = table.chosen(columns, table.available(rows, cols)) or cols
+        text = table.csv_text(table.selected(rows, filter, sort), shown)
+        return Response(text, media_type="text/csv", headers={
+            "Content-Disposition": f'attachment; filename="{_file_name(sweep)}-runs.csv"'})
 
     def curves(self, sweep: str, filter: str = "", sort: str = "", x: str = "steps",  # noqa: A002
-               y: str = "eval", group: str = "seeds") -> dict[str, Any]:
+               y: str = "eval", group: str = "seeds", runs: str = "", facet: str = "", color: str = "",
+               dash: str = "") -> dict[str, Any]:
+        """The chart's curves: the runs the filter keeps (or the selected `runs`, comma separated), grouped by
+        `group` (charts.group_keys), each styled as its configuration is everywhere, with its `facet` value."""
         now, rows, cols = self.rows_of(sweep)
-        groups = _groups(table.selected(rows, filter, sort), group, cols)
-        shown = dict(list(groups.items())[:MAX_SERIES])
+        picked = table.selected(rows, filter, sort)
+        if runs:
+            chosen = set(_ids(runs))
+            picked = [r for r in rows if r["run"] in chosen]
+        keys = charts.group_keys(group, cols, facet)
+        style = charts.styles(rows, keys if keys != ["run"] else charts.group_keys("seeds", cols), color, dash)
+        grouped = charts.groups(picked, keys, cols)
+        shown = dict(list(grouped.items())[:MAX_SERIES])
         each = max(1, MAX_CURVE_RUNS // max(1, len(shown)))
-        read = {label: ids[:each] for label, ids in shown.items()}
-        series = live.curves(self.engine, [i for ids in read.values() for i in ids], x, y)
+        read = {label: {**g, "runs": g["runs"][:each]} for label, g in shown.items()}
+        series = live.curves(self.engine, [i for g in read.values() for i in g["runs"]], x, y)
+        drawn = [c for c in (charts.curve(label, g, series, style, facet) for label, g in read.items()) if c]
         notes = []
-        if len(groups) > MAX_SERIES:
-            notes.append(f"showing the first {MAX_SERIES} of {len(groups):,} curves (the table's order): filter to narrow")
-        if any(len(ids) > each for ids in shown.values()):
+        if len(grouped) > MAX_SERIES:
+            notes.append(f"showing the first {MAX_SERIES} of {len(grouped):,} curves (the table's order): filter to narrow")
+        if any(len(g["runs"]) > each for g in shown.values()):
             notes.append(f"a curve averages at most {each:,} runs, the first in the table's order "
-                         f"({sum(map(len, read.values())):,} of {sum(map(len, shown.values())):,} runs read)")
-        return {"series": group_curves(series, read), "note": "; ".join(notes), "token": now, "x": x, "y": y}
+                         f"({sum(len(g['runs']) for g in read.values()):,} of "
+                         f"{sum(len(g['runs']) for g in shown.values()):,} runs read)")
+        legend = {k: style[k] for k in ("color", "dash", "shade", "colors", "dashes")}
+        return {"series": drawn, "note": "; ".join([charts.band_note(drawn), *notes]), "token": now, "x": x, "y": y,
+                "facet": facet, "legend": legend, "axes": charts.axes_of(cols)}
+
+    def curves_svg(self, sweep: str, filter: str = "", sort: str = "", x: str = "steps",  # noqa: A002
+                   y: str = "eval", group: str = "seeds", runs: str = "", facet: str = "", color: str = "",
+                   dash: str = "", logx: bool = False, logy: bool = False) -> Any:
+        """The chart as SVG (matplotlib, as the report's figures): the same curves, colours, dashes and facets."""
+        from fastapi.responses import Response
+
+        from ablate.ui.svg import chart_svg
+
+        data = self.curves(sweep, filter, sort, x, y, group, runs, facet, color, dash)
+        return Response(chart_svg(data, logx, logy), media_type="image/svg+xml", headers={
+            "Content-Disposition": f'attachment; filename="{_file_name(sweep)}-{y}-by-{x}.svg"'})
+
+    def compare(self, runs: str, x: str = "steps", y: str = "eval", seeds: bool = False) -> dict[str, Any]:
+        """A few runs (of any sweeps) side by side: their fields with the differing ones marked, their curves and
+        each one's difference from the first. `seeds`: each run stands for its configuration (the runs of its
+        sweep that differ from it only by seed): their mean curve and band, and the differences of the means."""
+        ids = _ids(runs)
+        if not 2 <= len(ids) <= MAX_COMPARE:
+            raise AblateError(f"compare: give 2 to {MAX_COMPARE} run ids (runs=1,2,...), not {len(ids)}")
+        rows, configs = live.some_runs(self.engine, ids)
+        missing = [i for i in ids if i not in {r["run"] for r in rows}]
+        if missing:
+            raise AblateError(f"compare: no run with id {missing[0]} in the results DB")
+        rows = sorted(rows, key=lambda r: ids.index(r["run"]))
+        groups = {r["run"]: self._configuration(r) if seeds else [r["run"]] for r in rows}
+        series = live.curves(self.engine, [i for g in groups.values() for i in g], x, y)
+        curves, means = [], {}
+        for k, (run, members) in enumerate(groups.items()):
+            colour = charts.PALETTE[k % len(charts.PALETTE)]
+            one = charts.curve(f"run {run}" + (" and its seeds" if seeds else ""), {"axes": {}, "runs": members},
+                               series, {"of": lambda _axes, c=colour: (c, [])}, "")
+            if one is not None:
+                curves.append({**one, "run": run})
+                means[run] = (one["x"], one["mean"])
+        fields = charts.compare(rows, configs)
+        if seeds:
+            fields.insert(0, {"field": "runs (its seeds)", "values": [", ".join(map(str, g)) for g in groups.values()],
+                              "differ": True})
+        return {"runs": ids, "fields": fields, "series": curves, "differences": charts.differences(means, ids),
+                "x": x, "y": y, "seeds": seeds}
+
+    def _configuration(self, row: dict[str, Any]) -> list[int]:
+        """The runs of `row`'s sweep that differ from it only by seed (itself first)."""
+        _, rows, cols = self.rows_of(row["sweep"])
+        keys = charts.group_keys("seeds", cols)
+        same = [r["run"] for r in rows if all(r.get(k) == row.get(k) for k in keys)]
+        return [row["run"], *(i for i in same if i != row["run"])]
 
     def study(self, sweep: str) -> dict[str, Any]:
         row = live.sweep_row(self.engine, sweep)
         _, finished = live.change_tokens(self.engine, row.id)
-        return self.cache.get("study", row.id, finished, lambda: _study(self.engine, row.name), every=STUDY_EVERY)
+        return self.cache.get("study", row.id, finished, lambda: reads.study(self.engine, row.name), every=STUDY_EVERY)
 
     def run(self, run_id: int) -> dict[str, Any]:
         run_id = _run_id(run_id)
-        return _run(self.engine, run_id, self.artifacts)
+        return reads.run(self.engine, run_id, self.artifacts)
 
     def sample(self, run_id: int, prompt: str = "Once upon a time", tokens: int = 48) -> dict[str, Any]:
         run_id = _run_id(run_id)
@@ -171,7 +245,8 @@ def make_app(engine: sa.Engine, artifacts: Path | None = None, token: str | None
     _pages(app, engine, label or store.describe_url(str(engine.url)))
     app.get("/favicon.ico")(lambda: Response(status_code=204))
     for path, read in (("/api/sweeps", board.sweeps), ("/api/search", board.search), ("/api/token", board.token),
-                       ("/api/runs", board.runs), ("/api/curves", board.curves), ("/api/study", board.study),
+                       ("/api/runs", board.runs), ("/api/runs.csv", board.runs_csv), ("/api/curves", board.curves),
+                       ("/api/curves.svg", board.curves_svg), ("/api/compare", board.compare), ("/api/study", board.study),
                        ("/api/run/{run_id}", board.run), ("/api/run/{run_id}/sample", board.sample),
                        ("/api/run/{run_id}/curves", board.run_curves)):
         app.get(path)(read)
@@ -191,7 +266,7 @@ def make_app(engine: sa.Engine, artifacts: Path | None = None, token: str | None
 
 
 def _pages(app: Any, engine: sa.Engine, db_text: str) -> None:
-    """The four HTML pages: skeletons (autoescaped) that the page script fills from the JSON endpoints."""
+    """The five HTML pages: skeletons (autoescaped) that the page script fills from the JSON endpoints."""
     import jinja2
     from fastapi.responses import HTMLResponse
 
@@ -213,6 +288,10 @@ def _pages(app: Any, engine: sa.Engine, db_text: str) -> None:
     def run_page(run_id: int) -> HTMLResponse:
         _run_id(run_id)
         return html("run.html.j2", run_id=run_id, x_kinds=X_KINDS)
+
+    @app.get("/compare", response_class=HTMLResponse)
+    def compare_page(runs: str) -> HTMLResponse:
+        return html("compare.html.j2", runs=", ".join(map(str, _ids(runs))), x_kinds=X_KINDS)
 
     @app.get("/search", response_class=HTMLResponse)
     def search_page(name: str) -> HTMLResponse:
@@ -272,89 +351,19 @@ def loopback(host: str) -> bool:
     return len(parts) == 4 and parts[0] == "127" and all(p.isdigit() and int(p) < 256 for p in parts)
 
 
+def _ids(text: str) -> list[int]:
+    """Run ids from `1,2,3` (a selection, a comparison): each a whole number from 1, at most 10,000."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if len(words) > 10_000 or not all(w.isdigit() for w in words):
+        raise AblateError("runs: give run ids as whole numbers separated by commas (runs=12,15,40)")
+    return [_run_id(int(w)) for w in dict.fromkeys(words)]
+
+
+def _file_name(name: str) -> str:
+    """A sweep's name as a download's file name (letters, digits, - _ . only)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80] or "sweep"
+
+
 def _same(given: str, token: str) -> bool:
     """The token compared in constant time (as bytes: compare_digest refuses non-ASCII text)."""
     return hmac.compare_digest(given.encode(), token.encode())
-
-
-def _groups(rows: list[dict[str, Any]], group: str, columns: list[str]) -> dict[str, list[int]]:
-    """Runs by curve: `runs` one curve each; `seeds` (the default) the runs that differ only by seed; else the
-    named axes, comma separated (every other axis averaged)."""
-    axes = [c for c in columns if c not in table.FIRST and c not in table.LAST]
-    if group == "runs":
-        keys = ["run"]
-    elif group in ("", "seeds"):
-        keys = [c for c in axes if c != "seed"]
-    else:
-        keys = [k.strip() for k in group.split(",") if k.strip()]
-        unknown = [k for k in keys if k not in axes and not any(k in r for r in rows[:1])]
-        if unknown:
-            raise AblateError(f"group: no axis {unknown[0]!r}; axes: {', '.join(axes) or 'none vary'} (or runs, seeds)")
-    out: dict[str, list[int]] = {}
-    for r in rows:
-        label = " ".join(f"{k}={r.get(k)}" for k in (axes if keys == ["run"] else keys) if r.get(k) is not None)
-        label = f"run {r['run']}: {label}" if keys == ["run"] else label or "all runs"
-        out.setdefault(label, []).append(r["run"])
-    return out
-
-
-def _study(engine: sa.Engine, sweep: str) -> dict[str, Any]:
-    """The report's comparison tables and its claims table, by the report's own code."""
-    from ablate.config.units import parse_at
-    from ablate.report.tables import layout_tables
-    from ablate.report.race import apply_race, read_race
-    from ablate.report.verdicts import verdict_table
-    from ablate.results.equal import read_runs_at
-    from ablate.results.orderings import check_claims
-    from ablate.results.views import load_views
-
-    spec, views = load_views(engine, sweep)
-    views = read_runs_at(engine, views, parse_at(spec.report.at))
-    claims = check_claims(spec, views)
-    race, raced = read_race(engine, spec, views)
-    apply_race(claims, raced)
-    table = verdict_table(spec, claims, raced)
-    verdicts: dict[str, int] = {}
-    for c in claims.cells:
-        verdicts[c.verdict] = verdicts.get(c.verdict, 0) + 1
-    return {"tables": [{"title": t.title, "columns": t.columns, "rows": [[label, *cells] for label, cells in t.rows],
-                        "notes": t.notes} for t in layout_tables(spec, views)],
-            "claims": None if table is None else {"head": list(table.head), "rows": table.rows,
-                                                  "statements": table.statements, "method": table.method,
-                                                  "floor": table.floor},
-            "verdicts": verdicts,
-            "race": None if race is None else {"head": list(race.head), "rows": race.rows, "spent": race.spent,
-                                               "method": race.method},
-            "read_at": store.utcnow().isoformat(" ", "seconds") + " UTC"}
-
-
-def _run(engine: sa.Engine, run_id: int, artifacts: Path | None) -> dict[str, Any]:
-    """A run's page: its row (config, timings, losses), error and the tail of its log."""
-    with engine.connect() as conn:
-        row = conn.execute(sa.select(store.Run.__table__, store.Sweep.name.label("sweep_name"))
-                           .join(store.Sweep, store.Sweep.id == store.Run.sweep_id).where(store.Run.id == run_id)).first()
-    if row is None:
-        raise AblateError(f"no run with id {run_id} in the results DB")
-    run = row._mapping
-    skip = {"config", "options", "error", "library_versions", "notes", "pid", "claimed_by"}
-    fields = {c.key: _plain(run[c.key]) for c in store.Run.__table__.columns if c.key not in skip}
-    log, log_path = _log_tail(engine, run_id, artifacts)
-    return {"sweep": run["sweep_name"], "fields": fields, "config": run["config"], "error": run["error"] or "",
-            "notes": run["notes"], "log": log, "log_path": log_path}
-
-
-def _plain(v: Any) -> Any:
-    return v.isoformat(" ", "seconds") if hasattr(v, "isoformat") else v
-
-
-def _log_tail(engine: sa.Engine, run_id: int, artifacts: Path | None) -> tuple[str, str]:
-    """The last LOG_TAIL lines of the run's log under the artifacts folder (where this host's runner wrote it)."""
-    if artifacts is None:
-        return "", ""
-    path = artifacts / "logs" / store.database_id(engine)[:16] / f"run-{run_id}.log"
-    if not path.is_file():
-        return "", str(path)
-    with open(path, "rb") as f:
-        f.seek(max(0, path.stat().st_size - 256 * 1024))
-        lines = f.read().decode("utf-8", "replace").splitlines()
-    return "\n".join(lines[-LOG_TAIL:]), str(path)

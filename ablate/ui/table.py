@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ablate.config.errors import AblateError
-from ablate.results.status import FIRST, LAST  # a status row's columns before and after the axes
+from ablate.results.status import EXTRA, FIRST, LAST  # a status row's columns before and after the axes; on request
 from ablate.results.views import sort_key
 
 OPS = ("!=", ">=", "<=", "=", ">", "<")
@@ -24,10 +24,10 @@ class Term:
 
 def columns(rows: list[dict[str, Any]]) -> list[str]:
     """The table's columns: run, status, progress, then the axes in the rows' order, then the progress columns;
-    an axis whose value is the same in every row is left out (it is in the sweep's header)."""
+    an axis whose value is the same in every row is left out (it is in the sweep's header); EXTRA on request."""
     keys: dict[str, None] = {}
     for r in rows:
-        keys.update(dict.fromkeys(k for k in r if k not in FIRST and k not in LAST))
+        keys.update(dict.fromkeys(k for k in r if k not in FIRST and k not in LAST and k not in EXTRA))
     varying = [k for k in keys if len({repr(r.get(k)) for r in rows}) > 1]
     return [*FIRST, *varying, *LAST]
 
@@ -91,14 +91,30 @@ def sort_rows(rows: list[dict[str, Any]], sort: str, known: list[str]) -> list[d
 
 
 def page(rows: list[dict[str, Any]], text: str, sort: str, offset: int, limit: int,
-         cols: list[str] | None = None) -> dict[str, Any]:
-    """One page of the filtered, sorted table, with the columns (`cols`: as `columns(rows)` gave them), the total
-    and the number that matched."""
+         cols: list[str] | None = None, shown: str = "") -> dict[str, Any]:
+    """One page of the filtered, sorted table, with the columns (`cols`: as `columns(rows)` gave them; `shown`:
+    the ones a user chose, comma separated), every column there is, the total and the number that matched."""
     cols = columns(rows) if cols is None else cols
+    every = available(rows, cols)
+    cols = chosen(shown, every) or cols
     picked = selected(rows, text, sort)
     offset = max(0, offset)
-    return {"columns": cols, "rows": [{k: r.get(k) for k in cols} for r in picked[offset:offset + limit]],
+    return {"columns": cols, "available": every, "rows": [{k: r.get(k) for k in cols} for r in picked[offset:offset + limit]],
             "total": len(rows), "matched": len(picked), "offset": offset, "limit": limit}
+
+
+def available(rows: list[dict[str, Any]], cols: list[str]) -> list[str]:
+    """Every column a user can show: the default ones, then the rest the rows have (axes that do not vary, EXTRA)."""
+    return list(dict.fromkeys([*cols, *(k for r in rows[:1] for k in r if not k.startswith("_"))]))
+
+
+def chosen(shown: str, every: list[str]) -> list[str]:
+    """The columns named in `shown` (comma separated; `run` always first); an unknown one is refused."""
+    names = [c.strip() for c in (shown or "").split(",") if c.strip()]
+    unknown = [c for c in names if c not in every]
+    if unknown:
+        raise AblateError(f"columns: no column {unknown[0]!r}; columns: {', '.join(every)}")
+    return ["run", *(c for c in names if c != "run")] if names else []
 
 
 def selected(rows: list[dict[str, Any]], text: str, sort: str) -> list[dict[str, Any]]:
@@ -106,3 +122,25 @@ def selected(rows: list[dict[str, Any]], text: str, sort: str) -> list[dict[str,
     known = list(dict.fromkeys(k for r in rows for k in r))
     terms = parse_filter(text, known)
     return sort_rows([r for r in rows if matches(r, terms)] if terms else list(rows), sort, known)
+
+
+def csv_text(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    """Rows as CSV. A text cell that a spreadsheet would run as a formula (=, +, -, @ first) is kept as text
+    with a leading apostrophe: a run's error or a sweep's name comes from whoever wrote the spec."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(cols)
+    for r in rows:
+        writer.writerow([_cell(r.get(c)) for c in cols])
+    return out.getvalue()
+
+
+def _cell(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, str) and v[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + v
+    return v

@@ -70,7 +70,8 @@ def build(url: str, tmp: Path) -> dict:
 
 
 def add_search(url: str) -> None:
-    """An Optuna study `tiny-search` in the DB (Optuna's own tables): two completed trials and a pruned one."""
+    """An Optuna study `tiny-search` in the DB (Optuna's own tables): two completed trials and a pruned one (its value: the
+    last it reported)."""
     import optuna
     from optuna.trial import TrialState
 
@@ -81,10 +82,14 @@ def add_search(url: str) -> None:
     study = search.create_study(parse_spec(tiny()), url)
     dists = {"heads": optuna.distributions.CategoricalDistribution([1, 2, 4]),
              "lr": optuna.distributions.FloatDistribution(1e-4, 3e-2, log=True)}
-    for i, (heads, lr, value) in enumerate([(4, 1e-3, 4.1), (2, 3e-3, 3.6), (1, 1e-2, None)]):
-        study.add_trial(optuna.trial.create_trial(
-            state=TrialState.COMPLETE if value else TrialState.PRUNED, params={"heads": heads, "lr": lr},
-            distributions=dists, value=value, user_attrs={"run_id": i + 1}))
+    for i, (heads, lr, value) in enumerate([(4, 1e-3, 4.1), (2, 3e-3, 3.6)]):
+        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, params={"heads": heads, "lr": lr},
+                                                  distributions=dists, value=value, user_attrs={"run_id": i + 1}))
+    study.enqueue_trial({"heads": 1, "lr": 1e-2})  # pruned as a search prunes: Optuna keeps its last report as value
+    trial = study.ask(fixed_distributions=dists)
+    trial.set_user_attr("run_id", 3)
+    trial.report(5.2, step=100)
+    study.tell(trial, state=TrialState.PRUNED)
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +97,13 @@ def ui_db(tmp_path_factory) -> dict:
     """The dashboard's DB on SQLite, shared by a test module (a test that writes to it writes to its own run)."""
     tmp = tmp_path_factory.mktemp("ui")
     return {**build(f"sqlite:///{tmp / 'r.db'}", tmp), "path": tmp / "r.db"}
+
+
+@pytest.fixture
+def client(ui_db):
+    """The dashboard over `ui_db` through FastAPI's test client (a loopback host, no token)."""
+    from fastapi.testclient import TestClient
+
+    from ablate.ui.app import make_app
+
+    return TestClient(make_app(store.reader(ui_db["url"])), base_url="http://127.0.0.1")

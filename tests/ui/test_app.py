@@ -18,13 +18,6 @@ from ablate.ui.app import make_app
 from tests.ui.conftest import HOSTILE, build, loss, write_curve
 
 
-@pytest.fixture
-def client(ui_db):
-    from fastapi.testclient import TestClient
-
-    return TestClient(make_app(store.reader(ui_db["url"])), base_url="http://127.0.0.1")
-
-
 def test_sweeps_are_listed_with_counts_budget_and_hardware(client):
     sweeps = {s["name"]: s for s in client.get("/api/sweeps").json()["sweeps"]}
     widths = sweeps["widths"]
@@ -78,7 +71,9 @@ def test_curves_are_downsampled_and_seeds_become_a_mean_with_a_band(client, ui_d
     per_run = client.get("/api/curves", params={"sweep": "widths", "group": "runs", "x": "tokens"}).json()["series"]
     assert len(per_run) == 8 and per_run[0]["low"] is None and per_run[0]["x"][-1] == 400 * 1024
     by_arch = client.get("/api/curves", params={"sweep": "widths", "group": "architecture"}).json()["series"]
-    assert [c["label"] for c in by_arch] == ["architecture=mixer (n=4)", "architecture=llama (n=4)"]
+    # llama's fourth run is still training (200 of 400 steps): its mean stops there, and its label says so
+    assert [c["label"] for c in by_arch] == ["architecture=mixer (n=4)", "architecture=llama (n=4, to its shortest run)"]
+    assert [c["cut"] for c in by_arch] == [False, True] and by_arch[1]["x"][-1] == 200
     assert "no axis 'width'" in client.get("/api/curves", params={"sweep": "widths", "group": "width"}).json()["error"]
     assert "x must be one of" in client.get("/api/curves", params={"sweep": "widths", "x": "epochs"}).json()["error"]
 
@@ -215,7 +210,8 @@ def test_searches_are_read_from_optunas_tables_without_opening_its_storage(clien
     assert found["best"]["number"] == 1 and found["best"]["params"] == {"heads": 2, "lr": 3e-3}
     data = client.get("/api/search", params={"name": "tiny-search"}).json()
     assert [(t["number"], t["state"], t["value"], t["params"]["heads"], t["run"]) for t in data["trials"]] == [
-        (0, "COMPLETE", 4.1, 4, 1), (1, "COMPLETE", 3.6, 2, 2), (2, "PRUNED", None, 1, 3)]
+        (0, "COMPLETE", 4.1, 4, 1), (1, "COMPLETE", 3.6, 2, 2), (2, "PRUNED", 5.2, 1, 3)]  # its last report
+    assert data["params"] == {"heads": {"log": False, "choices": [1, 2, 4]}, "lr": {"log": True, "choices": None}}
     assert data["direction"] == "minimize" and data["sweep"] == "tiny-search"  # its runs: a sweep of its name
     assert "did you mean 'tiny-search'" in client.get("/api/search", params={"name": "tiny-serch"}).json()["error"]
     assert client.get("/search", params={"name": "tiny-search"}).status_code == 200

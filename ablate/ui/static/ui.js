@@ -3,8 +3,6 @@
 "use strict";
 
 const POLL_MS = 3000;
-const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-                 "#bcbd22", "#17becf"];
 const $ = (id) => document.getElementById(id);
 
 function el(tag, text, attrs) {
@@ -43,59 +41,34 @@ function query(params) {
   return Object.entries(params).map(([k, v]) => encodeURIComponent(k) + "=" + encodeURIComponent(v)).join("&");
 }
 
-// ---------------------------------------------------------------- charts (uPlot, vendored)
+// a page's state in its URL (a link reproduces the view): `defaults` names the keys; a value equal to its default
+// is left out of the URL
+function readURL(defaults) {
+  const p = new URLSearchParams(location.search), out = {...defaults};
+  for (const [k, d] of Object.entries(defaults)) {
+    if (!p.has(k)) continue;
+    out[k] = typeof d === "boolean" ? p.get(k) === "1" : typeof d === "number" ? Number(p.get(k)) || 0 : p.get(k);
+  }
+  return out;
+}
 
-function drawChart(box, series, opts) {
-  if (box._plot) { box._plot.destroy(); box._plot = null; }
-  box.textContent = "";
-  const keep = (x, y) => (!opts.logx || x > 0) && (!opts.logy || y > 0);
-  const tables = [], specs = [], bands = [];
-  let points = 0, xmax = null;
-  series.forEach((s, i) => {
-    const xs = [], cols = [[], [], []];
-    s.x.forEach((x, j) => {
-      if (!keep(x, s.mean[j])) return;
-      xs.push(x); cols[0].push(s.mean[j]);
-      cols[1].push(s.low ? s.low[j] : null); cols[2].push(s.high ? s.high[j] : null);
-    });
-    if (!xs.length) return;
-    points += xs.length;
-    xmax = Math.max(xmax === null ? -Infinity : xmax, xs[xs.length - 1]);
-    const color = PALETTE[tables.length % PALETTE.length];
-    const base = 1 + specs.length;
-    if (s.low) {
-      tables.push([xs, cols[0], cols[1], cols[2]]);
-      specs.push({label: s.label, stroke: color, width: 1.5, spanGaps: true},
-                 {label: s.label + " min", stroke: color + "55", width: 0.5, spanGaps: true},
-                 {label: s.label + " max", stroke: color + "55", width: 0.5, spanGaps: true});
-      bands.push({series: [base + 2, base + 1], fill: color + "33"});
-    } else {
-      tables.push([xs, cols[0]]);
-      specs.push({label: s.label, stroke: color, width: 1.5, spanGaps: true});
-    }
-  });
-  box.dataset.points = String(points);
-  box.dataset.series = String(tables.length);
-  box.dataset.xmax = xmax === null ? "" : String(xmax);
-  if (!tables.length) { box.appendChild(el("p", "no points yet", {class: "hint"})); return; }
-  const data = tables.length === 1 ? tables[0] : uPlot.join(tables);
-  const plot = new uPlot({
-    width: Math.max(480, box.clientWidth || 900), height: 360,
-    scales: {x: {time: false, distr: opts.logx ? 3 : 1}, y: {distr: opts.logy ? 3 : 1}},
-    axes: [{label: opts.xlabel}, {label: opts.ylabel}],
-    legend: {live: false},
-    series: [{label: opts.xlabel}, ...specs], bands: bands,
-  }, data, box);
-  // a band's edges draw the band; only its mean has a row in the legend
-  plot.root.querySelectorAll(".u-legend tr.u-series").forEach((row) => {
-    if (/ (min|max)$/.test(row.textContent.trim())) row.style.display = "none";
-  });
-  box._plot = plot;
+function writeURL(state, defaults, fixed) {
+  const p = new URLSearchParams(fixed);
+  for (const [k, d] of Object.entries(defaults)) {
+    if (state[k] === d) continue;
+    p.set(k, typeof d === "boolean" ? (state[k] ? "1" : "0") : String(state[k]));
+  }
+  history.replaceState(null, "", location.pathname + "?" + p.toString());
 }
 
 function chartOptions() {
   return {logx: $("logx").checked, logy: $("logy").checked, xlabel: $("x").value,
           ylabel: ($("y") ? $("y").value : "") + " loss"};
+}
+
+function download(href, name) {
+  const link = el("a", null, {href, download: name});
+  document.body.appendChild(link); link.click(); link.remove();
 }
 
 // ---------------------------------------------------------------- the sweeps page
@@ -137,137 +110,6 @@ async function sweepsPage() {
   }
   await load();
   setInterval(load, POLL_MS * 2);
-}
-
-// ---------------------------------------------------------------- a sweep's page
-
-async function sweepPage() {
-  const sweep = document.body.dataset.sweep;
-  const state = {filter: "", sort: "", offset: 0, limit: 50, token: null};
-
-  async function loadRuns() {
-    const data = await get("/api/runs?" + query({sweep, filter: state.filter, sort: state.sort, offset: state.offset,
-                                                 limit: state.limit}));
-    const head = document.querySelector("#runs thead"), body = document.querySelector("#runs tbody");
-    head.textContent = ""; body.textContent = "";
-    const tr = el("tr");
-    for (const c of data.columns) {
-      const mark = state.sort === c ? " ▲" : state.sort === "-" + c ? " ▼" : "";
-      const th = el("th", c + mark, {"data-column": c, title: "sort by " + c});
-      th.addEventListener("click", () => {
-        state.sort = state.sort === c ? "-" + c : c; state.offset = 0; refresh(true);
-      });
-      tr.appendChild(th);
-    }
-    head.appendChild(tr);
-    for (const r of data.rows) {
-      const row = el("tr", null, {"data-run": r.run, class: "status-" + r.status});
-      for (const c of data.columns) {
-        const td = el("td", null, {class: typeof r[c] === "number" ? "num" : ""});
-        if (c === "run") td.appendChild(el("a", r.run, {href: "/run/" + r.run}));
-        else td.textContent = fmt(c, r[c]);
-        row.appendChild(td);
-      }
-      body.appendChild(row);
-    }
-    const last = Math.min(data.offset + data.limit, data.matched);
-    $("matched").textContent = (data.matched ? (data.offset + 1) + "–" + last : "0") + " of " +
-      data.matched.toLocaleString() + " matching (" + data.total.toLocaleString() + " runs)";
-    $("prev").disabled = data.offset === 0;
-    $("next").disabled = last >= data.matched;
-    $("counts").textContent = Object.entries(data.counts).map(([k, n]) => n.toLocaleString() + " " + k).join(", ");
-    state.token = data.token;
-  }
-
-  async function loadCurves() {
-    const data = await get("/api/curves?" + query({sweep, filter: state.filter, sort: state.sort, x: $("x").value,
-                                                   y: $("y").value, group: $("group").value}));
-    drawChart($("chart"), data.series, chartOptions());
-    $("chart-note").textContent = data.note;
-  }
-
-  async function loadStudy() {
-    const data = await get("/api/study?" + query({sweep}));
-    const box = $("study");
-    box.textContent = "";
-    for (const t of data.tables) {
-      box.appendChild(el("h3", t.title));
-      const table = el("table", null, {class: "grid study"});
-      const head = el("tr"); head.appendChild(el("th", ""));
-      for (const c of t.columns) head.appendChild(el("th", c));
-      table.appendChild(head);
-      for (const r of t.rows) {
-        const tr = el("tr");
-        r.forEach((cell, i) => tr.appendChild(el(i ? "td" : "th", cell)));
-        table.appendChild(tr);
-      }
-      box.appendChild(table);
-      for (const n of t.notes) box.appendChild(el("p", n, {class: "hint"}));
-    }
-    const claims = data.claims;
-    if (claims) {
-      box.appendChild(el("h3", "Claims against the study"));
-      for (const line of claims.statements) box.appendChild(el("p", line, {class: "claim"}));
-      box.appendChild(verdictTable(claims.head, claims.rows, 7, "grid study verdicts"));
-      box.appendChild(el("p", "Method: " + claims.method + ".", {class: "hint"}));
-      if (claims.floor) box.appendChild(el("p", claims.floor, {class: "hint"}));
-    }
-    const race = data.race;  // an adaptive sweep: each claim's rounds, the statistic against its boundary
-    if (race) {
-      box.appendChild(el("h3", "The race (adaptive seeds)"));
-      box.appendChild(verdictTable(race.head, race.rows, 5, "grid study race"));
-      box.appendChild(el("p", race.spent + ".", {class: "hint"}));
-      box.appendChild(el("p", "Method: " + race.method + ".", {class: "hint"}));
-    }
-    box.appendChild(el("p", "read " + data.read_at + " (again when runs finish, at most every 30 s)", {class: "hint"}));
-    if (!data.tables.length && !claims) box.appendChild(el("p", "no comparison tables in this sweep's report block", {class: "hint"}));
-  }
-
-  // a table of rows whose column `at` is a verdict, coloured by it (the claims table, the race table)
-  function verdictTable(columns, rows, at, cls) {
-    const table = el("table", null, {class: cls});
-    const head = el("tr");
-    for (const c of columns) head.appendChild(el("th", c));
-    table.appendChild(head);
-    for (const r of rows) {
-      const tr = el("tr");
-      r.forEach((cell, i) => tr.appendChild(el("td", cell, i === at ? {class: "verdict " + cell.split(" (")[0].replace(/ /g, "-")} : undefined)));
-      table.appendChild(tr);
-    }
-    return table;
-  }
-
-  async function refresh(all) {
-    try {
-      await loadRuns();
-      await loadCurves();
-      if (all) await loadStudy();
-      stamp();
-    } catch (err) { fail(err); }
-  }
-
-  let timer = null;
-  $("filter").addEventListener("input", () => {
-    clearTimeout(timer);
-    timer = setTimeout(() => { state.filter = $("filter").value; state.offset = 0; refresh(false); }, 300);
-  });
-  $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - state.limit); loadRuns().catch(fail); });
-  $("next").addEventListener("click", () => { state.offset += state.limit; loadRuns().catch(fail); });
-  for (const id of ["x", "y", "logx", "logy"]) $(id).addEventListener("change", () => loadCurves().catch(fail));
-  $("group").addEventListener("change", () => loadCurves().catch(fail));
-  $("chart-controls").addEventListener("submit", (e) => { e.preventDefault(); loadCurves().catch(fail); });
-  $("table-controls").addEventListener("submit", (e) => e.preventDefault());
-
-  await refresh(true);
-  let finished = (await get("/api/token?" + query({sweep}))).finished;
-  setInterval(async () => {
-    if (document.hidden) return;
-    try {
-      const now = await get("/api/token?" + query({sweep}));
-      if (now.token !== state.token) await refresh(now.finished !== finished); else stamp();
-      finished = now.finished;
-    } catch (err) { fail(err); }
-  }, POLL_MS);
 }
 
 // ---------------------------------------------------------------- a run's page
@@ -315,47 +157,11 @@ async function runPage() {
   setInterval(() => { if (!document.hidden) load(); }, POLL_MS);
 }
 
-// ---------------------------------------------------------------- a search's page (Optuna's trials)
-
-async function searchPage() {
-  const name = document.body.dataset.search;
-  async function load() {
-    try {
-      const data = await get("/api/search?" + query({name}));
-      const about = $("search-about"); about.textContent = data.direction + " · " + data.trials.length + " trials";
-      if (data.sweep) {
-        about.appendChild(document.createTextNode(" · runs and curves: "));
-        about.appendChild(el("a", data.sweep, {href: "/sweep?" + query({name: data.sweep})}));
-      }
-      const keys = [...new Set(data.trials.flatMap((t) => Object.keys(t.params)))];
-      const cols = ["number", "state", "value", ...keys, "run", "started", "finished"];
-      const head = document.querySelector("#trials thead"), body = document.querySelector("#trials tbody");
-      head.textContent = ""; body.textContent = "";
-      const tr = el("tr"); cols.forEach((c) => tr.appendChild(el("th", c))); head.appendChild(tr);
-      for (const t of data.trials) {
-        const row = el("tr", null, {"data-trial": t.number});
-        for (const c of cols) {
-          const td = el("td");
-          if (c === "run" && t.run !== null) td.appendChild(el("a", t.run, {href: "/run/" + t.run}));
-          else td.textContent = fmt("", keys.includes(c) ? t.params[c] : c === "state" ? t.state.toLowerCase() : t[c]);
-          row.appendChild(td);
-        }
-        body.appendChild(row);
-      }
-      const done = data.trials.filter((t) => t.value !== null);
-      drawChart($("chart"), [{label: "value by trial", x: done.map((t) => t.number), mean: done.map((t) => t.value),
-                               low: null, high: null}], {logx: false, logy: false, xlabel: "trial", ylabel: "value"});
-      stamp();
-    } catch (err) { fail(err); }
-  }
-  await load();
-  setInterval(() => { if (!document.hidden) load(); }, POLL_MS * 2);
-}
-
 document.addEventListener("DOMContentLoaded", () => {
   const page = document.body.dataset.page;
   if (page === "sweeps") sweepsPage();
   else if (page === "sweep") sweepPage();
   else if (page === "run") runPage();
   else if (page === "search") searchPage();
+  else if (page === "compare") comparePage();
 });

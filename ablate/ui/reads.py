@@ -1,0 +1,76 @@
+"""What the dashboard's study and run pages read: the report's comparison tables, claims and race (by the report's
+own code), and one run's row, error and log tail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from ablate import store
+from ablate.config.errors import AblateError
+
+LOG_TAIL = 200  # lines of a run's log on its page
+
+
+def study(engine: sa.Engine, sweep: str) -> dict[str, Any]:
+    """The report's comparison tables and its claims table, by the report's own code."""
+    from ablate.config.units import parse_at
+    from ablate.report.tables import layout_tables
+    from ablate.report.race import apply_race, read_race
+    from ablate.report.verdicts import verdict_table
+    from ablate.results.equal import read_runs_at
+    from ablate.results.orderings import check_claims
+    from ablate.results.views import load_views
+
+    spec, views = load_views(engine, sweep)
+    views = read_runs_at(engine, views, parse_at(spec.report.at))
+    claims = check_claims(spec, views)
+    race, raced = read_race(engine, spec, views)
+    apply_race(claims, raced)
+    table = verdict_table(spec, claims, raced)
+    verdicts: dict[str, int] = {}
+    for c in claims.cells:
+        verdicts[c.verdict] = verdicts.get(c.verdict, 0) + 1
+    return {"tables": [{"title": t.title, "columns": t.columns, "rows": [[label, *cells] for label, cells in t.rows],
+                        "notes": t.notes} for t in layout_tables(spec, views)],
+            "claims": None if table is None else {"head": list(table.head), "rows": table.rows,
+                                                  "statements": table.statements, "method": table.method,
+                                                  "floor": table.floor},
+            "verdicts": verdicts,
+            "race": None if race is None else {"head": list(race.head), "rows": race.rows, "spent": race.spent,
+                                               "method": race.method},
+            "read_at": store.utcnow().isoformat(" ", "seconds") + " UTC"}
+
+
+def run(engine: sa.Engine, run_id: int, artifacts: Path | None) -> dict[str, Any]:
+    """A run's page: its row (config, timings, losses), error and the tail of its log."""
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(store.Run.__table__, store.Sweep.name.label("sweep_name"))
+                           .join(store.Sweep, store.Sweep.id == store.Run.sweep_id).where(store.Run.id == run_id)).first()
+    if row is None:
+        raise AblateError(f"no run with id {run_id} in the results DB")
+    run = row._mapping
+    skip = {"config", "options", "error", "library_versions", "notes", "pid", "claimed_by"}
+    fields = {c.key: plain(run[c.key]) for c in store.Run.__table__.columns if c.key not in skip}
+    log, log_path = log_tail(engine, run_id, artifacts)
+    return {"sweep": run["sweep_name"], "fields": fields, "config": run["config"], "error": run["error"] or "",
+            "notes": run["notes"], "log": log, "log_path": log_path}
+
+
+def plain(v: Any) -> Any:
+    return v.isoformat(" ", "seconds") if hasattr(v, "isoformat") else v
+
+
+def log_tail(engine: sa.Engine, run_id: int, artifacts: Path | None) -> tuple[str, str]:
+    """The last LOG_TAIL lines of the run's log under the artifacts folder (where this host's runner wrote it)."""
+    if artifacts is None:
+        return "", ""
+    path = artifacts / "logs" / store.database_id(engine)[:16] / f"run-{run_id}.log"
+    if not path.is_file():
+        return "", str(path)
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - 256 * 1024))
+        lines = f.read().decode("utf-8", "replace").splitlines()
+    return "\n".join(lines[-LOG_TAIL:]), str(path)
