@@ -9,6 +9,7 @@ dashboard asks `results.orderings` and the report's tables, the one code path th
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -73,13 +74,17 @@ def change_tokens(engine: sa.Engine, sweep_id: int) -> tuple[str, str]:
     return text(n, steps, last_eval, final_eval, finished_at, running, finished), text(n, final_eval, finished_at, finished)
 
 
+_SELECTED = tuple(dict.fromkeys(RUN_COLUMNS + EXTRA))  # a light row's columns, in the order selected
+_EXTRA_OF = operator.itemgetter(*(_SELECTED.index(k) for k in EXTRA))  # a row's EXTRA fields, by position
+
+
 def run_rows(engine: sa.Engine, sweep_id: int) -> list[dict[str, Any]]:
     """The sweep's runs in trial order as flat dicts: the row's axes (options as `options.KEY`, as stored), every
     other config field that differs between the sweep's runs (weight_decay, budget.steps, ...: what tells its
     configurations apart), status, progress, the latest losses, epochs and the first line of an error."""
     r = store.Run
     with engine.connect() as conn:
-        rows = conn.execute(sa.select(*(getattr(r, c) for c in dict.fromkeys(RUN_COLUMNS + EXTRA)), r.config)
+        rows = conn.execute(sa.select(*(getattr(r, c) for c in _SELECTED), r.config)
                             .where(r.sweep_id == sweep_id)
                             .order_by(r.trial_index)).all()
     out = [_flat(row) for row in rows]
@@ -94,7 +99,7 @@ def some_runs(engine: sa.Engine, ids: Sequence[int]) -> tuple[list[dict[str, Any
     """A few runs of any sweeps as flat rows (their sweep's name first) and their trial configs by id."""
     r = store.Run
     with engine.connect() as conn:
-        rows = conn.execute(sa.select(*(getattr(r, c) for c in dict.fromkeys(RUN_COLUMNS + EXTRA)), r.config,
+        rows = conn.execute(sa.select(*(getattr(r, c) for c in _SELECTED), r.config,
                                       store.Sweep.name.label("sweep_name"))
                             .join(store.Sweep, store.Sweep.id == r.sweep_id).where(r.id.in_(list(ids)))).all()
     return [{"sweep": row.sweep_name, **_flat(row)} for row in rows], {row.id: row.config for row in rows}
@@ -106,9 +111,10 @@ def _flat(row: Any) -> dict[str, Any]:
     options = out.pop("options")
     at = list(out).index(FIRST[-1]) + 1 + len(AXIS_FIELDS)  # after the axes, as the terminal shows them
     items = list(out.items())
-    extra = [(k, v.isoformat(" ", "seconds") if hasattr(v, "isoformat") else v)
-             for k, v in ((k, getattr(row, k)) for k in EXTRA)]
-    return dict(items[:at] + [(f"options.{k}", v) for k, v in options.items()] + items[at:] + extra)
+    extra = dict(zip(EXTRA, _EXTRA_OF(row)))  # by position, not by name: 10,000 rows x 14 fields
+    if extra["started_at"] is not None:
+        extra["started_at"] = extra["started_at"].isoformat(" ", "seconds")
+    return dict(items[:at] + [(f"options.{k}", v) for k, v in options.items()] + items[at:]) | extra
 
 
 def curves(engine: sa.Engine, run_ids: Sequence[int], x: str = "steps", split: str = "eval",

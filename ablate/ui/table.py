@@ -25,11 +25,17 @@ class Term:
 def columns(rows: list[dict[str, Any]]) -> list[str]:
     """The table's columns: run, status, progress, then the axes in the rows' order, then the progress columns;
     an axis whose value is the same in every row is left out (it is in the sweep's header); EXTRA on request."""
-    keys: dict[str, None] = {}
-    for r in rows:
-        keys.update(dict.fromkeys(k for k in r if k not in FIRST and k not in LAST and k not in EXTRA))
+    keys = [k for k in all_keys(rows) if k not in FIRST and k not in LAST and k not in EXTRA]
     varying = [k for k in keys if len({repr(r.get(k)) for r in rows}) > 1]
     return [*FIRST, *varying, *LAST]
+
+
+def all_keys(rows: list[dict[str, Any]]) -> list[str]:
+    """Every key of the rows, in first-seen order (the rows' dicts, merged at C speed)."""
+    keys: dict[str, None] = {}
+    for r in rows:
+        keys.update(dict.fromkeys(r))
+    return list(keys)
 
 
 def parse_filter(text: str, known: list[str]) -> list[Term]:
@@ -119,7 +125,7 @@ def chosen(shown: str, every: list[str]) -> list[str]:
 
 def selected(rows: list[dict[str, Any]], text: str, sort: str) -> list[dict[str, Any]]:
     """Every row the filter keeps, in the sort's order (the chart plots what the table shows)."""
-    known = list(dict.fromkeys(k for r in rows for k in r))
+    known = all_keys(rows)
     terms = parse_filter(text, known)
     return sort_rows([r for r in rows if matches(r, terms)] if terms else list(rows), sort, known)
 

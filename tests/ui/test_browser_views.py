@@ -81,6 +81,18 @@ def test_colours_facets_hover_and_a_url_that_reproduces_the_view(ui_db):
                  len(chart.find_elements(By.CSS_SELECTOR, ".panel canvas")) == 2, what="two panels")
         ranges = driver.execute_script("return document.getElementById('chart')._plots.map((u) => [u.scales.y.min, u.scales.y.max])")
         assert ranges[0] == ranges[1]
+        # the PNG download: both panels in one image, as wide as the chart, with the curves' colours in it
+        png = driver.execute_script("""
+            const c = chartCanvas(document.getElementById('chart')), ctx = c.getContext('2d');
+            const px = ctx.getImageData(0, 0, c.width, c.height).data, seen = new Set();
+            for (let i = 0; i < px.length; i += 4) seen.add(px[i] + ',' + px[i + 1] + ',' + px[i + 2]);
+            return [c.width / (window.devicePixelRatio || 1), document.getElementById('chart').scrollWidth,
+                    c.toDataURL('image/png').slice(0, 22), [...seen]];""")
+        assert png[0] == png[1] and png[2] == "data:image/png;base64,"
+        pixels = [tuple(map(int, p.split(","))) for p in png[3]]
+        for colour in drawn.values():  # each curve's colour is in the image (within anti-aliasing)
+            want = tuple(int(colour[i:i + 2], 16) for i in (1, 3, 5))
+            assert min(sum(abs(a - b) for a, b in zip(p, want)) for p in pixels) <= 24, colour
         assert "facet=d_model" in driver.current_url
 
         # hover: the mouse on a curve highlights it and reads out its values

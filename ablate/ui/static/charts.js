@@ -167,10 +167,10 @@ function dashSample(dash, color) {
   return svg;
 }
 
-// the chart's panels as one PNG (each panel's canvas, with its title)
-function chartPNG(box, name) {
+// the chart's panels as one canvas (each panel's canvas where the page draws it, with its title)
+function chartCanvas(box) {
   const panels = [...box.querySelectorAll(".panel")].filter((p) => p.querySelector("canvas"));
-  if (!panels.length) return;
+  if (!panels.length) return null;
   const top = box.getBoundingClientRect();
   const out = document.createElement("canvas");
   const ratio = window.devicePixelRatio || 1;
@@ -184,6 +184,10 @@ function chartPNG(box, name) {
     const title = p.querySelector(".panel-title");
     if (title) { ctx.fillStyle = "#222"; ctx.font = "12px sans-serif"; ctx.fillText(title.textContent, r.left - top.left + 40, r.top - top.top - 4); }
   }
-  const link = el("a", null, {href: out.toDataURL("image/png"), download: name + ".png"});
-  document.body.appendChild(link); link.click(); link.remove();
+  return out;
+}
+
+function chartPNG(box, name) {
+  const canvas = chartCanvas(box);
+  if (canvas) download(canvas.toDataURL("image/png"), name + ".png");
 }
