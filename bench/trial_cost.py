@@ -1,6 +1,7 @@
 """CPU cost of a short trial outside its training steps: cold trainer processes against the warm helper.
 
     python -m bench.trial_cost [--trials 8] [--steps 3] [--out bench/trial-cost-results.md]
+    python -m bench.trial_cost --sweep-run [--repeat 2] [--steps 3]
 
 Registers the smoke sweep (tiny mixer and Llama, the embedded TinyStories) with a step budget of
 `--steps` and seeds enough for `--trials` runs, then runs every trial through `runner.run_trial` one
@@ -9,6 +10,11 @@ with the warm helper (ablate/runner/warm.py). CPU seconds are user + system, so 
 little: each trainer's own (its rusage when reaped), the runner's own per trial (claim, row updates,
 classification), and the helper's one-off start. Non-training work is a trainer's CPU less its timed
 training and eval seconds (one thread, so seconds of CPU). A script, not a test.
+
+`--sweep-run` measures the whole command instead: `ablate sweep run` on 2 and on 5 tiny mixer trials (alternating,
+`--repeat` times each, a warm-up run first builds the token cache), its CPU with every process it started and
+reaped (the local Prefect API server, the warm helper and its trainers: a sweep of one trial starts it cold, so
+both sizes have the helper); the fixed cost per sweep and the cost per trial are the line through the two sizes.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import argparse
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -80,12 +87,52 @@ def run_all(url: str, ids: list[int], artifacts: Path, warm_on: bool) -> dict:
     }
 
 
+def sweep_run_cpu(trials: int, steps: int, work: Path, tag: str) -> float:
+    """CPU seconds of one `ablate sweep run` of `trials` tiny mixer trials, with the processes it reaped."""
+    cmd = [sys.executable, "-m", "ablate.cli", "sweep", "run", str(REPO / "sweeps" / "smoke.yaml"),
+           f"grid=[{{architecture: mixer, d_model: 32, seeds: {trials}}}]", "--budget", f"steps={steps}",
+           "--db", str(work / f"{tag}.db"), "--artifacts", str(work / "art"), "--threads", "1", "--name", tag]
+    env = {**os.environ, "PREFECT_HOME": str(work / "prefect"), "HF_HUB_OFFLINE": "1"}
+    env.pop("PREFECT_API_URL", None)
+    before = _children_cpu()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+    if done.returncode != 0:
+        raise SystemExit(f"`ablate sweep run` failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return _children_cpu() - before
+
+
+def sweep_run_table(repeat: int, steps: int) -> str:
+    work = Path(tempfile.mkdtemp(prefix="ablate-bench-sweep-run-"))
+    sweep_run_cpu(1, steps, work, "warm-up")  # the tokenizer and token cache, the Prefect DB: not measured
+    costs: dict[int, list[float]] = {2: [], 5: []}
+    for i in range(repeat):
+        for n in (2, 5):
+            costs[n].append(sweep_run_cpu(n, steps, work, f"cost-{n}-{i}"))
+            print(f"{n} trial(s): {costs[n][-1]:.2f} CPU-s", flush=True)
+    per_trial = (statistics.mean(costs[5]) - statistics.mean(costs[2])) / 3
+    fixed = statistics.mean(costs[2]) - 2 * per_trial
+    return "\n".join([
+        f"`ablate sweep run` on tiny mixer trials of {steps} steps, one thread, whole command with what it reaped "
+        f"({os.cpu_count()} cores, Python {sys.version.split()[0]}):", "",
+        "| trials | CPU-s per run of the command |", "|---|---|",
+        *(f"| {n} | {', '.join(f'{c:.2f}' for c in cs)} |" for n, cs in costs.items()), "",
+        f"Fixed cost per sweep {fixed:.2f} CPU-s; per trial {per_trial:.2f} CPU-s (the line through both sizes)."])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=8)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--out", default=None, help="also write the table to this markdown file")
+    p.add_argument("--sweep-run", action="store_true", help="the whole `ablate sweep run`: fixed and per-trial cost")
+    p.add_argument("--repeat", type=int, default=2, help="with --sweep-run: runs of each size")
     args = p.parse_args()
+    if args.sweep_run:
+        table = sweep_run_table(args.repeat, args.steps)
+        print(table)
+        if args.out:
+            Path(args.out).write_text(table + "\n")
+        return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(REPO))
     from ablate import runner

@@ -241,8 +241,13 @@ def _flow_thread(sweep: Any, flow_params: dict[str, Any], result: dict[str, Any]
         from ablate.runner import localserver
         from flows.sweep import TrialsFailed
 
-        localserver.start()  # ended with this process, even a killed one (no orphaned server)
-        state = sweep(**flow_params, return_state=True)
+        from contextlib import nullcontext
+
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        url = localserver.start()  # ended with this process, even a killed one (no orphaned server)
+        with temporary_settings(updates={PREFECT_API_URL: url}) if url else nullcontext():
+            state = sweep(**flow_params, return_state=True)
         if state.is_failed():  # failed trials are counted from the DB; anything else is an error
             outcome = state.result(raise_on_failure=False)
             if isinstance(outcome, BaseException) and not isinstance(outcome, TrialsFailed):

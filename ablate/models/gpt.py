@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from ablate.config.trial import TrialConfig
 
 
+def preload() -> None:
+    """What GPT's constructor imports (the warm helper loads it once, before it forks this family's trainers)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, OpenAIGPTConfig, OpenAIGPTLMHeadModel  # noqa: F401
+
+
 class GPT(nn.Module):
     """Wraps the transformers model so that forward returns a plain logits tensor."""
 

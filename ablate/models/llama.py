@@ -67,6 +67,11 @@ def _dropout_after(p: float):
     return hook
 
 
+def preload() -> None:
+    """What build() imports (the warm helper loads it once, before it forks this family's trainers)."""
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: F401
+
+
 def hf_config(trial: TrialConfig, vocab_size: int):
     from transformers import LlamaConfig
 

@@ -2,15 +2,19 @@
 
 Prefect starts its temporary server as a child process and stops it at exit; a SIGKILL (an OOM killer, a
 closed terminal's `kill -9`, a cluster's job limit) skips that and leaves a ~200 MB server behind, for every
-kill. Here the server is started before the flow (Prefect's client then uses this one), and a small watcher
+kill. Here the server is started before the flow (which runs with PREFECT_API_URL set to it), and a small watcher
 process ends it as soon as its parent is gone, however that happened.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 
 # the watcher: polls its parent (it is reparented when the parent dies), then stops the server (SIGTERM, then
 # SIGKILL after 5 s); it ends by itself when the server is gone
@@ -41,31 +45,64 @@ except ProcessLookupError:
 """
 
 
-def start() -> int | None:
-    """Start Prefect's temporary local server (unless PREFECT_API_URL names a server), each server process with
-    its watcher from the moment it exists (a kill during the server's start-up leaves none either); the server's
-    pid, or None when there is none of ours."""
-    from prefect.settings import PREFECT_API_URL
+def start() -> str | None:
+    """Start Prefect's temporary local API server (unless PREFECT_API_URL names a server) with its watcher from the
+    moment it exists (a kill during the server's start-up leaves none either), and wait until it answers; its API
+    URL, for the flow's `temporary_settings` (None: the configured server is used).
+
+    It is the command Prefect's own ephemeral server runs (uvicorn over `prefect.server.api.server:create_app`,
+    without the UI), started here without importing that module: the import costs this process ~2.3 CPU-s, and
+    the server process imports it again anyway."""
+    import prefect
+    from prefect.settings import PREFECT_API_URL, get_current_settings
 
     if PREFECT_API_URL.value():
         return None
-    from prefect.server.api.server import SubprocessASGIServer
+    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+           **get_current_settings().to_environment_variables(exclude_unset=True)}
+    timeout = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") or 90)
+    deadline = time.monotonic() + timeout
+    while True:
+        port = _free_port()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "error",
+             "--lifespan", "on"], env=env, stdin=subprocess.DEVNULL)
+        watch(process.pid)
+        atexit.register(_stop, process)
+        url = f"http://127.0.0.1:{port}/api"
+        while process.poll() is None and time.monotonic() < deadline:
+            if _answers(url + "/health"):
+                return url
+            time.sleep(0.1)
+        if process.poll() != 3:  # 3: uvicorn could not bind (the port was taken since): another port
+            _stop(process)
+            said = "" if process.returncode is None else f" Ephemeral server process exited with code {process.returncode}."
+            raise RuntimeError(f"Timed out while attempting to connect to ephemeral Prefect API server.{said}")
 
-    server = SubprocessASGIServer()  # the instance Prefect's own client asks for (keyed by port None)
-    launch = getattr(server, "_run_uvicorn_command", None)
-    if launch is not None and not server.running:
-        def launch_and_watch() -> subprocess.Popen:
-            process = launch()
-            watch(process.pid)
-            return process
 
-        server._run_uvicorn_command = launch_and_watch  # Prefect starts the process; the watcher follows at once
-        server.start()
-    else:  # a Prefect without that hook: watched once started
-        server.start()
-        if server.server_process is not None:
-            watch(server.server_process.pid)
-    return server.server_process.pid if server.server_process is not None else None
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """At this process's exit: SIGTERM, then SIGKILL after 5 s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def watch(server_pid: int) -> None:

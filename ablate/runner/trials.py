@@ -69,7 +69,8 @@ def run_trial(run_id: int, opts: LaunchOptions, should_stop: Callable[[], bool] 
     if opts.gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in opts.gpu_ids)
     with open(log_path, "ab") as log:
-        proc = start_trainer(trainer_command(trial, run_id, opts), env, log, log_path, opts.artifacts, opts.warm)
+        proc = start_trainer(trainer_command(trial, run_id, opts), env, log, log_path, opts.artifacts, opts.warm,
+                             families=(trial.architecture,))
         store.update_run(engine, run_id, claimant=claimant, pid=proc.pid)  # the trainer beats the claim's heartbeat
         try:
             while True:
@@ -87,12 +88,12 @@ def run_trial(run_id: int, opts: LaunchOptions, should_stop: Callable[[], bool] 
 
 
 def start_trainer(command: list[str], env: dict[str, str], log: Any, log_path: Path, artifacts: Path,
-                  warm_ok: bool = True) -> Any:
+                  warm_ok: bool = True, families: tuple[str, ...] = ()) -> Any:
     """The trainer process, in its own process group (cancel and Ctrl-C signal it, and torchrun's ranks).
 
     A single-process trainer on a host without a visible GPU (or on any host with ABLATE_WARM_TRAINER=always) is
     forked from this runner's warm helper (ablate/runner/warm.py: the imports are done once per runner, not once per
-    trial); otherwise, with `warm_ok` false, or if the helper cannot start, a fresh `python -m ablate.train`. Either
+    trial; the helper loads the `families`' libraries once, first); otherwise, with `warm_ok` false, or if the helper cannot start, a fresh `python -m ablate.train`. Either
     has `pid`, `poll()` and `wait(timeout)`."""
     from ablate.runner import warm  # on first use: the helper runs that module as __main__, which must not import it first
 
@@ -100,7 +101,7 @@ def start_trainer(command: list[str], env: dict[str, str], log: Any, log_path: P
         helper = warm.helper(artifacts / "logs" / "warm-trainer.log")
         if helper is not None:
             try:
-                return helper.spawn(command[3:], env, log_path)
+                return helper.spawn(command[3:], env, log_path, families)
             except RuntimeError as exc:
                 print(f"warning: trainer starts cold ({exc})", file=sys.stderr)
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -47,23 +47,38 @@ ANSWER_SECONDS = 60.0  # a fork is quick: a helper silent this long after a requ
 
 
 def _preload() -> None:
-    """Everything a trainer imports before its first step (measured with -X importtime on a tiny trial)."""
+    """What every trainer imports before its first step (measured with -X importtime on a tiny trial). A family's
+    heavy libraries (transformers for Llama and GPT) are loaded when a trial of it first asks (`_load`)."""
     import torch
-    import torch._dynamo  # what torch.optim imports on first use
     import torch.optim  # noqa: F401
-
-    # transformers' Llama and GPT classes: their families import them inside build(), so every warm trainer of
-    # those families paid for them again (4.6 CPU-s measured on a loaded 2-core host) until the helper held them
-    from transformers import GPT2LMHeadModel, LlamaForCausalLM, OpenAIGPTLMHeadModel  # noqa: F401
 
     from ablate import models, store  # noqa: F401
     from ablate.config import registry
     from ablate.train import cli, loop  # noqa: F401  - the package face is lazy: the trainer's own modules
 
-    for name in models.families():  # each family's torch module, imported lazily by a trainer
+    for name in models.families():  # each family's torch module (light), imported lazily by a trainer
         models.family(name)
     for objective in registry.objectives().values():  # and each objective's
         objective.load()
+
+
+_LOADED: set[str] = set()
+
+
+def _load(families: list[str]) -> bool:
+    """Import what these families' trainers import inside build() (their `preload()`: transformers' Llama and GPT
+    classes, 3.4 CPU-s), once, before forking: each forked trainer of them then has it. Whether anything loaded."""
+    from ablate import models
+
+    new = [f for f in families if f not in _LOADED]
+    for name in new:
+        _LOADED.add(name)
+        try:
+            module = models.family(name)
+        except Exception:  # noqa: BLE001 - an unknown family: the trainer itself says so
+            continue
+        getattr(module, "preload", lambda: None)()
+    return bool(new)
 
 
 def _cuda_state() -> dict[str, bool]:
@@ -159,6 +174,7 @@ def serve() -> int:
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
                 request = json.loads(line)
+                loaded = _load(request.get("families", []))
                 try:
                     pid = os.fork()
                 except OSError as exc:
@@ -167,7 +183,7 @@ def serve() -> int:
                 if pid == 0:
                     _child(request, protocol)
                 alive.add(pid)
-                say({"id": request["id"], "pid": pid})
+                say({"id": request["id"], "pid": pid, **(_threads() if loaded else {})})
         for pid in list(alive):
             done, status, usage = os.wait4(pid, os.WNOHANG)
             if done:
@@ -227,6 +243,7 @@ class WarmTrainer:
         if log:
             err.close()
         self._ids = itertools.count(1)
+        self._asked: set[str] = set()
         self._news = threading.Condition()
         self._replies: dict[int, dict[str, Any]] = {}
         self._exits: dict[int, tuple[int, float]] = {}
@@ -260,10 +277,15 @@ class WarmTrainer:
                 self.dead = True
                 self._news.notify_all()
 
-    def spawn(self, argv: list[str], env: dict[str, str], log: Path) -> Child:
-        """Fork a trainer running `python -m ablate.train *argv` with this environment, output appended to `log`."""
+    def spawn(self, argv: list[str], env: dict[str, str], log: Path, families: tuple[str, ...] = ()) -> Child:
+        """Fork a trainer running `python -m ablate.train *argv` with this environment, output appended to `log`;
+        `families`: the model families it builds (the helper loads their libraries first, once)."""
         request_id = next(self._ids)
-        request = {"id": request_id, "argv": argv, "env": env, "cwd": os.getcwd(), "log": str(log)}
+        request = {"id": request_id, "argv": argv, "env": env, "cwd": os.getcwd(), "log": str(log),
+                   "families": list(families)}
+        # a family asked for the first time is imported before the fork: as long as the helper's own start
+        answer = ANSWER_SECONDS if set(families) <= self._asked else READY_SECONDS
+        self._asked.update(families)
         with self._news:
             if self.dead:
                 raise RuntimeError("the warm trainer has exited")
@@ -272,12 +294,15 @@ class WarmTrainer:
                 self.proc.stdin.flush()
             except OSError as exc:  # it died since (a broken pipe)
                 raise RuntimeError(f"the warm trainer has exited ({exc})") from exc
-            self._news.wait_for(lambda: request_id in self._replies or self.dead, timeout=ANSWER_SECONDS)
+            self._news.wait_for(lambda: request_id in self._replies or self.dead, timeout=answer)
             reply = self._replies.pop(request_id, None)
         if reply is None and not self.dead:
             # a helper that may still fork this trial later must not: the runner starts it cold instead
             self.proc.kill()
-            raise RuntimeError(f"the warm trainer did not answer in {ANSWER_SECONDS:.0f} s; stopped it")
+            raise RuntimeError(f"the warm trainer did not answer in {answer:.0f} s; stopped it")
+        if reply is not None and reply.get("threads", 1) > 1:  # a library it loaded started a thread: forks copy none
+            print(f"warning: the warm trainer holds {reply['threads']} threads after loading {', '.join(families)} "
+                  f"({reply.get('thread_names')}); its forks may hang on a lock one of them held", file=sys.stderr)
         if reply is None or "pid" not in reply:
             raise RuntimeError((reply or {}).get("error", "the warm trainer has exited"))
         return Child(self, reply["pid"])
