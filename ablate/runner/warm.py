@@ -1,9 +1,9 @@
 """A warm trainer: one helper process per runner imports torch and the trainer once, then forks a child per trial.
 
-A cold `python -m ablate.train` spends about 3.5 CPU-s importing before it builds anything: torch, and
-torch._dynamo with sympy, which torch.optim itself imports under torch 2.13 (the optimizer's methods are
-wrapped to disable dynamo). Searches and smoke sweeps run many short trials, so the runner hands each
-single-process trial to this helper instead: the forked child starts with every import done and runs
+A cold `python -m ablate.train` spends 2-3 CPU-s importing before it builds anything (torch, the trainer; a Llama or
+GPT trainer 3.4 more for transformers, which pulls in torch._dynamo). Searches and smoke sweeps run many short
+trials, so the runner hands each single-process trial to this helper instead (a family's heavy libraries are
+loaded by the helper when a trial of that family first asks, so a mixer-only sweep never pays for transformers): the forked child starts with every import done and runs
 `ablate.train.main` with the trial's arguments, environment, working directory and log file, in its own
 session like a cold trainer, so signals, cancellation and outcome classification work unchanged.
 

@@ -86,8 +86,8 @@ def test_the_warm_trainer_forks_a_trainer_that_initialises_cuda_itself(device, t
         spawned: list[tuple[list[str], warm.Child]] = []
         real_spawn = warm.WarmTrainer.spawn
 
-        def spawn(self, argv, env, log):
-            child = real_spawn(self, argv, env, log)
+        def spawn(self, argv, env, log, families=()):
+            child = real_spawn(self, argv, env, log, families)
             spawned.append((argv, child))
             return child
 
