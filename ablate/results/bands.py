@@ -39,20 +39,19 @@ def mean_band(series: list[tuple[Any, Any]], max_points: int = MAX_POINTS) -> tu
     return grid, ys.mean(0), ys.min(0), ys.max(0)
 
 
-def group_curves(series: dict[int, tuple[list[float], list[float]]], groups: dict[str, list[int]],
-                 max_points: int = MAX_POINTS) -> list[dict[str, Any]]:
-    """One curve per group of runs (label -> run ids), as the dashboard sends them: the mean and band of
-    `mean_band`; a group of one run (or of runs with no common range) is its first run's curve as logged."""
-    out = []
-    for label, ids in groups.items():
-        have = [series[i] for i in ids if i in series and len(series[i][0])]
-        if not have:
-            continue
-        band = mean_band(have, max_points)
-        if band is None:
-            out.append({"label": label, "runs": ids, "x": have[0][0], "mean": have[0][1], "low": None, "high": None})
-            continue
-        x, mean, low, high = band
-        out.append({"label": label + f" (n={len(have)})", "runs": ids, "x": x.tolist(), "mean": mean.tolist(),
-                    "low": low.tolist(), "high": high.tolist()})
-    return out
+def group_curve(label: str, ids: list[int], series: dict[int, tuple[list[float], list[float]]],
+                max_points: int = MAX_POINTS) -> dict[str, Any] | None:
+    """One curve of a group of runs, as the dashboard sends it: the mean and band of `mean_band`, labelled with its n,
+    and `cut` when a run went further than the mean (which stops where its shortest run did); a group of one run (or
+    of runs with no common range) is its first run's curve as logged; None when no run has a point."""
+    have = [series[i] for i in ids if i in series and len(series[i][0])]
+    if not have:
+        return None
+    band = mean_band(have, max_points)
+    if band is None:
+        return {"label": label, "runs": ids, "n": 1, "cut": False, "x": have[0][0], "mean": have[0][1], "low": None,
+                "high": None}
+    x, mean, low, high = band
+    return {"label": label + f" (n={len(have)})", "runs": ids, "n": len(have),
+            "cut": max(float(xs[-1]) for xs, _ in have) > float(x[-1]), "x": x.tolist(), "mean": mean.tolist(),
+            "low": low.tolist(), "high": high.tolist()}

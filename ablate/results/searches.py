@@ -47,7 +47,8 @@ def _summary(engine: sa.Engine, t: dict[str, sa.Table], study_id: int, name: str
 
 
 def search_trials(engine: sa.Engine, name: str) -> dict[str, Any]:
-    """One study's trials in order: number, state, value, parameters (as suggested), run id and times."""
+    """One study's trials in order (number, state, value, parameters as suggested, run id and times), each parameter's
+    kind (log scale, choices) and its distribution (`kinds`, what `importances` reads)."""
     t = _tables(engine)
     with engine.connect() as conn:
         names = [] if t is None else conn.execute(sa.select(t["studies"].c.study_name)).scalars().all()
@@ -60,7 +61,7 @@ def search_trials(engine: sa.Engine, name: str) -> dict[str, Any]:
     trials, kinds = _trials(engine, t, study_id)
     return {"name": name, "direction": direction, "trials": trials,
             "params": {k: {"log": v["log"], "choices": v["choices"]} for k, v in kinds.items()},
-            "importances": importances(trials, kinds, direction)}
+            "kinds": kinds}  # for importances(): each parameter's distribution
 
 
 def _direction(engine: sa.Engine, t: dict[str, sa.Table], study_id: int) -> str:

@@ -88,8 +88,9 @@ class Dashboard:
         self.cache = Cache()
         self.samples = Samples(engine, artifacts)
 
-    def rows_of(self, sweep: str) -> tuple[str, list[dict[str, Any]], list[str]]:
-        """The change token, the sweep's rows and the table's columns (read again only when the token moved)."""
+    def rows_of(self, sweep: str) -> tuple[str, list[dict[str, Any]], list[str], int]:
+        """The change token, the sweep's rows, the table's columns (read again only when the token moved) and the
+        sweep's id."""
         row = live.sweep_row(self.engine, sweep)
         now, _ = live.change_tokens(self.engine, row.id)
 
@@ -97,15 +98,28 @@ class Dashboard:
             rows = live.run_rows(self.engine, row.id)
             return rows, table.columns(rows)
 
-        return now, *self.cache.get("rows", row.id, now, read)
+        return now, *self.cache.get("rows", row.id, now, read), row.id
+
+    def style_of(self, sweep_id: int, now: str, rows: list[dict[str, Any]], keys: list[str], color: str = "",
+                 dash: str = "") -> dict[str, Any]:
+        """charts.styles over the sweep's rows, kept per change token and choice of axes (the table and the chart
+        ask for the same one)."""
+        kind = f"style {keys} {color} {dash}"
+        return self.cache.get(kind, sweep_id, now, lambda: charts.styles(rows, keys, color, dash))
 
     def sweeps(self) -> dict[str, Any]:
         return {"sweeps": live.sweep_summaries(self.engine), "searches": searches.search_summaries(self.engine)}
 
     def search(self, name: str) -> dict[str, Any]:
+        """A search's trials, its parameters and their importances (computed again only when a trial completed)."""
         with self.engine.connect() as conn:
             sweep = conn.execute(sa.select(store.Sweep.name).where(store.Sweep.name == name)).scalar()
-        return {**searches.search_trials(self.engine, name), "sweep": sweep}
+        found = searches.search_trials(self.engine, name)
+        kinds = found.pop("kinds")
+        done = repr([(t["number"], t["value"]) for t in found["trials"] if t["state"] == "COMPLETE"])
+        found["importances"] = self.cache.get(f"importances {name}", 0, done, lambda: searches.importances(
+            found["trials"], kinds, found["direction"]))
+        return {**found, "sweep": sweep}
 
     def token(self, sweep: str) -> dict[str, Any]:
         now, finished = live.change_tokens(self.engine, live.sweep_row(self.engine, sweep).id)
@@ -113,22 +127,23 @@ class Dashboard:
 
     def runs(self, sweep: str, filter: str = "", sort: str = "", offset: int = 0,  # noqa: A002 - the query's name
              limit: int = PAGE_ROWS, columns: str = "") -> dict[str, Any]:
-        now, rows, cols = self.rows_of(sweep)
+        now, rows, cols, sweep_id = self.rows_of(sweep)
         counts: dict[str, int] = {}
         for r in rows:
             counts[r["status"]] = counts.get(r["status"], 0) + 1
         page = table.page(rows, filter, sort, offset, max(1, min(limit, 500)), cols, columns)
-        style, by_id = self.cache.get("style", live.sweep_row(self.engine, sweep).id, now, lambda: (
-            charts.styles(rows, charts.group_keys("seeds", cols)), {r["run"]: r for r in rows}))
+        style = self.style_of(sweep_id, now, rows, charts.group_keys("seeds", cols))
+        shown = {r["run"] for r in page["rows"]}
+        axes = {r["run"]: r for r in rows if r["run"] in shown}
         for r in page["rows"]:  # the configuration's colour and dash, as its curve has them
-            r["_color"], r["_dash"] = style["of"](by_id[r["run"]])
+            r["_color"], r["_dash"] = style["of"](axes[r["run"]])
         return {**page, "token": now, "counts": dict(sorted(counts.items()))}
 
     def runs_csv(self, sweep: str, filter: str = "", sort: str = "", columns: str = "") -> Any:  # noqa: A002
         """Every run the filter keeps (not one page), in the table's order and columns, as CSV."""
         from fastapi.responses import Response
 
-        _, rows, cols = self.rows_of(sweep)
+        _, rows, cols, _ = self.rows_of(sweep)
         shown = table.chosen(columns, table.available(rows, cols)) or cols
         text = table.csv_text(table.selected(rows, filter, sort), shown)
         return Response(text, media_type="text/csv", headers={
@@ -139,19 +154,20 @@ class Dashboard:
                dash: str = "") -> dict[str, Any]:
         """The chart's curves: the runs the filter keeps (or the selected `runs`, comma separated), grouped by
         `group` (charts.group_keys), each styled as its configuration is everywhere, with its `facet` value."""
-        now, rows, cols = self.rows_of(sweep)
+        now, rows, cols, sweep_id = self.rows_of(sweep)
         picked = table.selected(rows, filter, sort)
         if runs:
             chosen = set(_ids(runs))
             picked = [r for r in rows if r["run"] in chosen]
         keys = charts.group_keys(group, cols, facet)
-        style = charts.styles(rows, keys if keys != ["run"] else charts.group_keys("seeds", cols), color, dash)
+        style = self.style_of(sweep_id, now, rows, keys if keys != ["run"] else charts.group_keys("seeds", cols),
+                              color, dash)
         grouped = charts.groups(picked, keys, cols)
         shown = dict(list(grouped.items())[:MAX_SERIES])
         each = max(1, MAX_CURVE_RUNS // max(1, len(shown)))
         read = {label: {**g, "runs": g["runs"][:each]} for label, g in shown.items()}
         series = live.curves(self.engine, [i for g in read.values() for i in g["runs"]], x, y)
-        drawn = [c for c in (charts.curve(label, g, series, style, facet) for label, g in read.items()) if c]
+        drawn = [c for c in (charts.curve(label, g, series, style["of"], facet) for label, g in read.items()) if c]
         notes = []
         if len(grouped) > MAX_SERIES:
             notes.append(f"showing the first {MAX_SERIES} of {len(grouped):,} curves (the table's order): filter to narrow")
@@ -193,7 +209,7 @@ class Dashboard:
         for k, (run, members) in enumerate(groups.items()):
             colour = charts.PALETTE[k % len(charts.PALETTE)]
             one = charts.curve(f"run {run}" + (" and its seeds" if seeds else ""), {"axes": {}, "runs": members},
-                               series, {"of": lambda _axes, c=colour: (c, [])}, "")
+                               series, lambda _axes, c=colour: (c, []), "")
             if one is not None:
                 curves.append({**one, "run": run})
                 means[run] = (one["x"], one["mean"])
@@ -206,7 +222,7 @@ class Dashboard:
 
     def _configuration(self, row: dict[str, Any]) -> list[int]:
         """The runs of `row`'s sweep that differ from it only by seed (itself first)."""
-        _, rows, cols = self.rows_of(row["sweep"])
+        _, rows, cols, _ = self.rows_of(row["sweep"])
         keys = charts.group_keys("seeds", cols)
         same = [r["run"] for r in rows if all(r.get(k) == row.get(k) for k in keys)]
         return [row["run"], *(i for i in same if i != row["run"])]

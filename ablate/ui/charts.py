@@ -11,10 +11,11 @@ shade the combination of the rest among the configurations of one hue and dash, 
 from __future__ import annotations
 
 import colorsys
+from collections.abc import Callable
 from typing import Any
 
 from ablate.config.errors import AblateError
-from ablate.results.bands import mean_band
+from ablate.results.bands import group_curve
 from ablate.results.views import sort_key
 from ablate.ui import table
 
@@ -109,23 +110,18 @@ def shaded(color: str, k: int, n: int) -> str:
 
 
 def curve(label: str, group: dict[str, Any], series: dict[int, tuple[list[float], list[float]]],
-          style: dict[str, Any], facet: str) -> dict[str, Any] | None:
-    """One curve of a group of runs: their mean on the x every one reached and the min-max band (results.bands),
-    or the run's own points; with its style, facet value, n and whether the mean stops at the shortest run."""
-    have = [series[i] for i in group["runs"] if i in series and len(series[i][0])]
-    if not have:
+          looks: Callable[[dict[str, Any]], tuple[str, list[int]]], facet: str) -> dict[str, Any] | None:
+    """One curve of a group of runs (results.bands.group_curve: the mean on the x every run reached and the min-max
+    band, or the run's own points), with its colour and dash (`looks` of its axes) and its facet value; a mean cut at
+    its shortest run says so in its label."""
+    one = group_curve(label, group["runs"], series)
+    if one is None:
         return None
-    colour, pattern = style["of"](group["axes"])
-    out = {"label": label, "runs": group["runs"], "axes": group["axes"], "color": colour, "dash": pattern,
-           "facet": None if not facet else group["axes"].get(facet), "n": len(have), "cut": False}
-    band = mean_band(have)
-    if band is None:
-        return {**out, "n": 1, "x": have[0][0], "mean": have[0][1], "low": None, "high": None}
-    x, mean, low, high = band
-    cut = max(xs[-1] for xs, _ in have) > float(x[-1])
-    suffix = f" (n={len(have)}, to its shortest run)" if cut else f" (n={len(have)})"
-    return {**out, "label": label + suffix, "cut": cut, "x": x.tolist(), "mean": mean.tolist(), "low": low.tolist(),
-            "high": high.tolist()}
+    colour, pattern = looks(group["axes"])
+    if one["cut"]:
+        one["label"] = one["label"][:-1] + ", to its shortest run)"
+    return {**one, "axes": group["axes"], "color": colour, "dash": pattern,
+            "facet": None if not facet else group["axes"].get(facet)}
 
 
 def band_note(curves: list[dict[str, Any]]) -> str:

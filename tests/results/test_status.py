@@ -18,7 +18,7 @@ from ablate.cli.status import STATUS_HEADER
 from ablate.config import load_trials
 from ablate.config.axes import AXIS_FIELDS
 from ablate.results import live
-from ablate.results.bands import group_curves, mean_band
+from ablate.results.bands import group_curve, mean_band
 from ablate.results.status import FIRST, LAST, status_counts, status_rows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,5 +83,5 @@ def test_a_seed_band_is_the_mean_min_and_max_on_the_x_every_seed_reached():
     np.testing.assert_allclose(low, x)
     np.testing.assert_allclose(high, 2 * x)
     assert mean_band([a]) is None and mean_band([a, (np.array([20.0]), np.array([1.0]))]) is None  # no common range
-    (curve,) = group_curves({1: a, 2: b}, {"d_model=64": [1, 2]})
+    curve = group_curve("d_model=64", [1, 2], {1: a, 2: b})
     assert curve["label"] == "d_model=64 (n=2)" and curve["mean"] == pytest.approx((1.5 * x).tolist())
