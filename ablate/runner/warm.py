@@ -74,10 +74,9 @@ def _load(families: list[str]) -> bool:
     for name in new:
         _LOADED.add(name)
         try:
-            module = models.family(name)
-        except Exception:  # noqa: BLE001 - an unknown family: the trainer itself says so
+            getattr(models.family(name), "preload", lambda: None)()
+        except Exception:  # noqa: BLE001 - an unknown family, a library missing: the forked trainer says which
             continue
-        getattr(module, "preload", lambda: None)()
     return bool(new)
 
 

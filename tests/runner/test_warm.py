@@ -150,10 +150,11 @@ def _warm_on(monkeypatch):
 def test_the_helper_loads_what_llama_and_gpt_trainers_import_in_build_when_first_asked():
     """transformers' model modules are imported inside the families' build(): the helper loads them before it forks
     the first trainer of those families (a forked trainer does not import them again), and not for a sweep that
-    has none (a mixer-only sweep's helper never pays the 3.4 CPU-s)."""
+    has none (a mixer-only sweep's helper never pays the 3.4 CPU-s); a family it cannot load leaves the helper
+    serving (the forked trainer says what is wrong)."""
     models = ("'transformers.models.llama.modeling_llama', 'transformers.models.gpt2.modeling_gpt2', "
               "'transformers.models.openai.modeling_openai'")
-    probe = ("import sys; from ablate.runner import warm; warm._preload(); warm._load(['mixer']); "
+    probe = ("import sys; from ablate.runner import warm; warm._preload(); warm._load(['mixer', 'no-such-family']); "
              f"print(sorted(m for m in ({models}) if m in sys.modules)); "
              "print(warm._load(['llama', 'gpt']), warm._load(['llama'])); "
              f"print(sorted(m for m in ({models}) if m in sys.modules))")
