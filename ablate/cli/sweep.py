@@ -17,6 +17,7 @@ from ablate.config.errors import AblateError
 PREFECT_START_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 UNFINISHED_EXIT = ("failed", "preempted", "cancelled")  # a sweep run that leaves runs so exits 1
 PREFECT_START_SECONDS = 300
+FLOW_END_SECONDS = 10.0  # after Ctrl-C, once every trainer has stopped: how long the flow may take to end
 # the most run ids handed to the flow as its `registered` parameter: Prefect refuses flow run parameters over
 # 512 KiB of JSON (server.api.max_parameter_size)
 PASSED_RUNS = 40_000
@@ -229,9 +230,15 @@ def _wait_for_trainers(done: Any, engine: Any, name: str) -> None:
             left = max(0, round(deadline - time.monotonic()))
             err_console.print(f"stopping: waiting for {len(running)} trainer(s) to checkpoint and stop (runs "
                               f"{', '.join(map(str, running))}; at most {left} s more; Ctrl-C again abandons them)"
-                              if running else "stopping: no trainer is running; ending the sweep's flow", highlight=False)
+                              if running else f"stopping: no trainer is running; ending the sweep's flow (at most "
+                              f"{FLOW_END_SECONDS:g} s)", highlight=False)
             said = running
-        if done.wait(2.0) or time.monotonic() > deadline:
+        if not running:  # every run is recorded: the flow's own end (its states in Prefect) is not worth minutes
+            deadline = min(deadline, time.monotonic() + FLOW_END_SECONDS)
+        if done.wait(0.5 if running else 0.1) or time.monotonic() > deadline:
+            if not done.is_set() and not running:
+                err_console.print(f"stopping: the sweep's flow did not end within {FLOW_END_SECONDS:g} s; leaving it "
+                                  "(its runs are all recorded in the DB)", highlight=False)
             return
 
 

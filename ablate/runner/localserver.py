@@ -67,7 +67,7 @@ def start() -> str | None:
         process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "error",
-             "--lifespan", "on"], env=env, stdin=subprocess.DEVNULL)
+             "--lifespan", "on"], env=env, stdin=subprocess.DEVNULL, start_new_session=True)
         watch(process.pid)
         atexit.register(_stop, process)
         url = f"http://127.0.0.1:{port}/api"
