@@ -53,13 +53,23 @@ if what == "imports":
     rc = 0
 else:
     from ablate.cli import main
+    parts = {}
+    if sys.argv[2:3] == ["report"]:  # the report's own CPU seconds per part (Report.seconds)
+        import ablate.report
+        built = ablate.report.build_report
+        def timed(*args, **kwargs):
+            report = built(*args, **kwargs)
+            parts.update(report.seconds)
+            return report
+        ablate.report.build_report = timed  # the command imports it when it runs
     rc = main(sys.argv[2:])
 r = resource.getrusage(resource.RUSAGE_SELF)
 # peak RSS of this program: VmHWM starts afresh at exec (ru_maxrss keeps the forking bench's own peak)
 hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")]
 rss_mb = int(hwm[0].split()[1]) / 1024 if hwm else r.ru_maxrss / 1024
 print("MEASURED " + json.dumps({"rc": rc, "cpu": r.ru_utime + r.ru_stime, "wall": time.perf_counter() - t0,
-      "rss_mb": rss_mb, "torch": "torch" in sys.modules}), file=sys.stderr)
+      "rss_mb": rss_mb, "torch": "torch" in sys.modules, "parts": {} if what == "imports" else parts}),
+      file=sys.stderr)
 """
 
 
@@ -199,7 +209,9 @@ def table(results: dict[str, dict[str, dict]], runs: int, points: int) -> str:
                 cells.append(f"{m['wall']:.0f} s ({m['rows_per_s']:,.0f} rows/s)")
             elif "rss_mb" in m:
                 cells.append(f"{m['cpu']:.2f} CPU-s, {m['wall']:.2f} s, {m['rss_mb']:.0f} MiB"
-                             + (", imports torch" if m["torch"] else ""))
+                             + (", imports torch" if m["torch"] else "")
+                             + (" (" + ", ".join(f"{k} {v:.1f}" for k, v in m["parts"].items()) + ")"
+                                if m.get("parts") else ""))
             else:
                 cells.append(f"{m['wall']:.2f} s ({m['cpu']:.2f} CPU-s)")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {GOALS.get(name, '')} |")

@@ -15,7 +15,8 @@ from ablate.cli.common import ARTIFACTS_HELP, about, console, db_option, greedy
                                                  "SWEEP: sweep name (as in the spec's `name`)"))
 @click.argument("sweep")
 @click.option("--out", default=None, help="output folder (default results/reports/SWEEP)")
-@click.option("--format", "formats", default="md,html,png,svg,csv", help="comma-separated: md, html, png, svg, csv")
+@click.option("--format", "formats", default="md,html,png,svg,csv",
+              help="comma-separated: md, html, png, svg, csv; and points: every run's every point (curves-*.csv)")
 @click.option("--compare", multiple=True, metavar="SWEEP ...",
               help="other sweeps to put beside this one in a single table")
 @click.option("--artifacts", default=None, help=ARTIFACTS_HELP)
@@ -28,8 +29,13 @@ def report(sweep: str, out: str | None, formats: str, compare: tuple[str, ...], 
            at: str | None, group: str | None, db: str | None) -> int:
     from ablate.config.errors import AblateError
     from ablate.report import build_comparison, build_report
+    from ablate.report.render import KNOWN_FORMATS
 
-    kinds = tuple(f.strip() for f in formats.split(","))
+    kinds = tuple(f.strip() for f in formats.split(",") if f.strip())
+    unknown = [k for k in kinds if k not in KNOWN_FORMATS]
+    if unknown or not kinds:
+        raise AblateError(f"--format: {', '.join(map(repr, unknown)) or 'nothing named'} is not a format; choose from "
+                          f"{', '.join(KNOWN_FORMATS)} (e.g. --format md,html,png,svg,csv,points)")
     folder = Path(out) if out else None
     axes = tuple(a.strip() for a in group.split(",") if a.strip()) if group is not None else None
     if group is not None and not axes:

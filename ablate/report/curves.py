@@ -19,6 +19,7 @@ from ablate.results.equal import x_of
 from ablate.results.points import metric_points, run_points
 
 
+FIGURE_POINTS = 64  # points per run and split read for a seed mean's band (every point of a single run's line)
 MAX_CURVES = 10  # lines per panel (matplotlib's colour cycle: no two share a colour); a table with more runs
 # draws its best configurations' seed means instead
 
@@ -64,8 +65,7 @@ def plan_curves(table: Table, points_csv: str | None = None, cap: int = MAX_CURV
                "runs), those with the lowest mean final test loss; line: mean over seeds, band: min–max")
     if group and len(configs) <= cap:
         caption = f"one line per {', '.join(keys)} ({len(runs)} runs); line: mean over its runs, band: min–max"
-    if points_csv:
-        caption += f"; every run's points in {points_csv}"
+    caption += f"; every run's points in {points_csv}" if points_csv else "; every run's points: add points to --format"
     return CurvePlan(curves, configuration, runs, is_aggregate=True, caption=caption)
 
 
@@ -124,10 +124,11 @@ X_LABELS = {"seconds": "training wall clock ({unit})", "tokens": "tokens seen", 
 
 
 def draw_curves(engine: sa.Engine, table: Table, x_axes: tuple[str, ...] = ("seconds", "tokens"),
-                plan: CurvePlan | None = None):
+                plan: CurvePlan | None = None, read: dict[tuple[int, str], Any] | None = None):
     """One figure per table: rows train / eval loss, columns the x axes; each panel draws the plan's curves
     (one line per run in a table of up to MAX_CURVES runs; past it a configuration's seed mean and min–max band,
-    results/bands.py, as the dashboard draws them). Wall-clock seconds are drawn in hours, minutes or seconds."""
+    results/bands.py, as the dashboard draws them, from each run's points thinned to FIGURE_POINTS). Wall-clock
+    seconds are drawn in hours, minutes or seconds. `read`: points already read (another figure's), added to."""
     import matplotlib
     import numpy as np
 
@@ -138,7 +139,8 @@ def draw_curves(engine: sa.Engine, table: Table, x_axes: tuple[str, ...] = ("sec
     from ablate.config.units import short_count
 
     plan = plan or plan_curves(table)
-    points = run_points(engine, [r.row.id for c in plan.curves for r in c.runs])
+    points = _points(engine, [r.row.id for c in plan.curves for r in c.runs], plan.is_aggregate,
+                     {} if read is None else read)
     none = np.empty((0, 4))
     fig, axes = plt.subplots(2, len(x_axes), figsize=(5.5 * len(x_axes), 7.5), squeeze=False, sharey="row")
     longest = max((float(np.nanmax(pts[:, 0])) for pts in points.values() if len(pts)), default=0.0)
@@ -169,6 +171,17 @@ def draw_curves(engine: sa.Engine, table: Table, x_axes: tuple[str, ...] = ("sec
     fig.suptitle(table.title)
     fig.tight_layout()
     return fig
+
+
+def _points(engine: sa.Engine, ids: list[int], thinned: bool, read: dict[tuple[int, str], Any]) -> dict:
+    """The runs' points, read once per report: a seed mean's runs thinned (their band is drawn on at most
+    bands.MAX_POINTS points anyway), a single run's every point; kept in `read` by (run id, split, thinned)."""
+    missing = sorted({i for i in ids if (i, thinned) not in read})
+    for (run_id, split), pts in run_points(engine, missing, most=FIGURE_POINTS if thinned else None).items():
+        read[(run_id, thinned)] = read.get((run_id, thinned), {}) | {split: pts}
+    for i in missing:
+        read.setdefault((i, thinned), {})
+    return {(i, split): pts for i in ids for split, pts in read[(i, thinned)].items()}
 
 
 def _series(points: Any, x: str, run: RunView, scale: float) -> tuple[Any, Any]:

@@ -6,8 +6,10 @@ template engine), the figures and runs.csv."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import io
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,8 @@ from ablate.results.laws import Laws, fit_laws
 from ablate.results.orderings import Claims, check_claims, claims_frame
 from ablate.results.views import RunView, load_views
 
-FORMATS = ("md", "html", "png", "svg", "csv")
+FORMATS = ("md", "html", "png", "svg", "csv")  # the default; "points" adds each table's every point (curves-*.csv)
+KNOWN_FORMATS = (*FORMATS, "points")
 
 
 @dataclass
@@ -50,6 +53,19 @@ class Report:
     claims: Claims | None = None  # the orderings' comparisons, verdicts and noise floor (claims.csv)
     floor: str | None = None  # the noise floor line, where orderings were checked
     method: str | None = None  # how the verdicts were reached, where orderings were checked
+    seconds: dict[str, float] = field(default_factory=dict)  # CPU seconds per part (load, tables, figures, ...)
+
+
+class Parts(dict):
+    """CPU seconds of this process per part of a report, as `with parts("tables"): ...` (bench/db.py prints them)."""
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.process_time()
+        try:
+            yield
+        finally:
+            self[name] = self.get(name, 0.0) + time.process_time() - start
 
 
 @dataclass
@@ -93,13 +109,17 @@ def build_report(sweep: str, url: str | None = None, out: Path | None = None,
     checkpoints are, for the prompt completions; `at`, `group`: over the block's, see reading.py). Reads the
     database, never writes it."""
     engine = store.reader(url)
+    parts = Parts()
     with long_lived() as loaded:
-        spec, views = load_views(engine, sweep)
-        loaded()
-        spec = with_reading(spec, views, at, group)
-        read = read_runs_at(engine, views, parse_at(spec.report.at))  # as the tables read them
-        return _render(engine, spec, read, layout_tables(spec, read), [sweep], url,
-                       out or Path("results/reports") / sweep, formats, skip, artifacts, stored=views)
+        with parts("load"):
+            spec, views = load_views(engine, sweep)
+            loaded()
+            spec = with_reading(spec, views, at, group)
+            read = read_runs_at(engine, views, parse_at(spec.report.at))  # as the tables read them
+        with parts("tables"):
+            tables = layout_tables(spec, read)
+        return _render(engine, spec, read, tables, [sweep], url, out or Path("results/reports") / sweep, formats,
+                       skip, artifacts, stored=views, parts=parts)
 
 
 def build_comparison(sweeps: list[str], url: str | None = None, out: Path | None = None,
@@ -129,19 +149,35 @@ def build_comparison(sweeps: list[str], url: str | None = None, out: Path | None
 
 def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: list[Table], sweeps: list[str],
             url: str | None, out: Path, formats: tuple[str, ...], skip: tuple[str, ...],
-            artifacts: str | Path | None = None, stored: list[RunView] | None = None) -> Report:
+            artifacts: str | Path | None = None, stored: list[RunView] | None = None,
+            parts: Parts | None = None) -> Report:
     """Draw the figures, then write each file `formats` asks for (`views`: the runs as the tables read them;
-    `stored`: as the DB holds them, for runs.csv and the samples)."""
+    `stored`: as the DB holds them, for runs.csv and the samples; `parts`: CPU seconds per part, added to)."""
     stored = views if stored is None else stored
+    parts = Parts() if parts is None else parts
     out.mkdir(parents=True, exist_ok=True)
-    figures = _draw_figures(engine, spec, tables, out, formats)
-    laws = fit_laws(views, spec.report.min_steps) if spec.report.kind == "loss" else Laws()
-    if laws.laws and {"png", "svg", "html"} & set(formats):
-        embedded: list[str] = []
-        figures.files += _save_figure(draw_laws(laws, spec.name), out / "scaling", formats, embedded)
-        figures.scaling = embedded[0]
-    page = _page(spec, views, tables, out, figures, url, skip, artifacts, stored, scaling_lines(laws),
-                 read_race(engine, spec, views))
+    with parts("figures"):
+        figures = _draw_figures(engine, spec, tables, out, formats)
+    with parts("scaling"):
+        laws = fit_laws(views, spec.report.min_steps) if spec.report.kind == "loss" else Laws()
+        if laws.laws and {"png", "svg", "html"} & set(formats):
+            embedded: list[str] = []
+            figures.files += _save_figure(draw_laws(laws, spec.name), out / "scaling", formats, embedded)
+            figures.scaling = embedded[0]
+    with parts("claims"):
+        page = _page(spec, views, tables, out, figures, url, skip, artifacts, stored, scaling_lines(laws),
+                     read_race(engine, spec, views))
+    with parts("files"):
+        files = _write_files(page, laws, figures, stored, sweeps, formats)
+    return Report(sweep=spec.name, tables=tables, figures=figures.files, out=out, files=files,
+                  orderings=page.orderings, claims=page.claims, floor=page.floor, scaling=page.scaling,
+                  method=page.verdicts.method if page.verdicts and page.claims.cells else None, seconds=dict(parts))
+
+
+def _write_files(page: Page, laws: Laws, figures: Figures, stored: list[RunView], sweeps: list[str],
+                 formats: tuple[str, ...]) -> list[Path]:
+    """report.md, report.html, runs.csv, tables.csv, claims.csv and scaling.csv, as `formats` asks."""
+    out, tables = page.out, page.tables
     files = figures.files + figures.points
     if "md" in formats:
         files.append(_write(out / "report.md", render_markdown(page)))
@@ -155,9 +191,7 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
             files.append(out / "claims.csv")
         if laws.laws:
             files.append(write_scaling_csv(laws, out / "scaling.csv"))
-    return Report(sweep=spec.name, tables=tables, figures=figures.files, out=out, files=files,
-                  orderings=page.orderings, claims=page.claims, floor=page.floor, scaling=page.scaling,
-                  method=page.verdicts.method if page.verdicts and page.claims.cells else None)
+    return files
 
 
 def _draw_figures(engine: sa.Engine, spec: SweepSpec, tables: list[Table], out: Path,
@@ -166,31 +200,32 @@ def _draw_figures(engine: sa.Engine, spec: SweepSpec, tables: list[Table], out: 
     figures = Figures()
     if spec.report.kind != "loss":
         return figures
+    read: dict = {}  # each run's points read once, for its table's figure and the one of every table
     for t in tables:
         stem = _figure_stem(out, t)
-        plan = plan_curves(t, stem.with_suffix(".csv").name if "csv" in formats else None, group=spec.report.group)
-        if "csv" in formats:
+        plan = plan_curves(t, stem.with_suffix(".csv").name if "points" in formats else None, group=spec.report.group)
+        if "points" in formats:  # at 100,000 runs x 200 points a 1.4 GB file: written only when asked
             write_curve_points(engine, plan, stem.with_suffix(".csv"))
             figures.points.append(stem.with_suffix(".csv"))
         figures.captions.append(plan.caption)
         if {"png", "svg", "html"} & set(formats):
-            figures.files += _save_figure(draw_curves(engine, t, spec.report.curves, plan), stem, formats,
+            figures.files += _save_figure(draw_curves(engine, t, spec.report.curves, plan, read), stem, formats,
                                           figures.embedded)
     if len(tables) > 1 and {"png", "svg", "html"} & set(formats):
-        figures.together = _draw_together(engine, spec, tables, out, formats, figures)
+        figures.together = _draw_together(engine, spec, tables, out, formats, figures, read)
     return figures
 
 
 def _draw_together(engine: sa.Engine, spec: SweepSpec, tables: list[Table], out: Path, formats: tuple[str, ...],
-                   figures: Figures) -> tuple[str, str]:
+                   figures: Figures, read: dict | None = None) -> tuple[str, str]:
     """Every table's runs in one figure, on one scale: the sweep's own comparison (mixer beside Llama) where its
     tables split the families apart."""
     together = Table(title=f"{spec.name}: every table on one axis", columns=[c for t in tables for c in t.columns],
                      rows=[], runs=[runs for t in tables for runs in t.runs])
     plan = plan_curves(together)
     png: list[str] = []
-    figures.files += _save_figure(draw_curves(engine, together, spec.report.curves, plan), out / "curves-together",
-                                  formats, png)
+    figures.files += _save_figure(draw_curves(engine, together, spec.report.curves, plan, read),
+                                  out / "curves-together", formats, png)
     return "every table's runs on one axis, one scale" + (f"; {plan.caption}" if plan.caption else ""), png[0]
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ablate.results.cells import varies
 from ablate.results.views import RunView
 
 UNFINISHED = ("pending", "running", "failed", "preempted", "cancelled")
@@ -43,7 +44,7 @@ def long_lived() -> Iterator[Callable[[], None]]:
 def varying_axes(views: list[RunView], exclude: set[str]) -> list[str]:
     keys = sorted({k for v in views for k in v.axes} - exclude - {"seed"})
     # an option one family lacks (None) does not make an axis vary; differing values do
-    return [k for k in keys if len({repr(v.axes.get(k)) for v in views if v.axes.get(k) is not None}) > 1]
+    return [k for k in keys if varies(views, k, none_counts=False)]
 
 
 def config_label(axes: dict[str, Any], keys: list[str]) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
-from ablate.results.cells import differing
+from ablate.results.cells import differing, varies
 from ablate.results.orderings import comparable
 from ablate.results.scaling import Crossover, Fit, crossover, fit_power_law
 from ablate.results.views import RunView
@@ -116,4 +116,4 @@ def _per_size(runs: list[RunView], points: list[tuple[float, float, int]]) -> li
 
 def _pooled(runs: list[RunView]) -> list[str]:
     keys = sorted({k for r in runs for k in r.axes} - {"seed", "architecture", *SIZE_AXES})
-    return [k for k in keys if len({repr(r.axes.get(k)) for r in runs}) > 1]
+    return [k for k in keys if varies(runs, k)]

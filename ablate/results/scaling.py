@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ablate.config.units import short_count
+from ablate.results.resample import fit_many, resampled_means
 
 EXTRAPOLATE = 1.0  # predict() accepts x in [low / EXTRAPOLATE, high * EXTRAPOLATE] of the fitted sizes
 ALPHA_MAX = 5.0  # alpha's upper bound: a fit that runs to it has found a cliff, not a power law
@@ -227,29 +228,16 @@ def _jac(u: np.ndarray, E: float, B: float, alpha: float) -> np.ndarray:
 _LOWER, _UPPER = [0.0, 0.0, 0.0], [np.inf, np.inf, ALPHA_MAX]
 
 
-def _refit(u: np.ndarray, y: np.ndarray, p0: Sequence[float], max_nfev: int = 200) -> np.ndarray:
-    """One bounded curve_fit (trust-region reflective: the bounds keep E >= 0, B >= 0, 0 <= alpha <= ALPHA_MAX)."""
+def _refit(u: np.ndarray, y: np.ndarray, p0: Sequence[float], max_nfev: int = 200,
+           sigma: np.ndarray | None = None) -> np.ndarray:
+    """One bounded curve_fit (trust-region reflective: the bounds keep E >= 0, B >= 0, 0 <= alpha <= ALPHA_MAX);
+    `sigma`: each point's standard error (a size's mean of n points: n**-0.5)."""
     from scipy.optimize import curve_fit
 
     start = np.clip(p0, [0.0, 0.0, _ALPHA_MIN], [np.inf, np.inf, ALPHA_MAX * 0.999])
     params, _ = curve_fit(_model, u, y, p0=start, jac=_jac, bounds=(_LOWER, _UPPER), method="trf",
-                          max_nfev=max_nfev)
+                          max_nfev=max_nfev, sigma=sigma)
     return params
-
-
-def _refit_fast(u: np.ndarray, y: np.ndarray, p0: Sequence[float]) -> np.ndarray:
-    """A resample's refit: curve_fit's Levenberg-Marquardt (unbounded, six times faster than the bounded method)
-    from the point estimate; where it lands outside the bounds, the bounded fit instead. A minimum inside the
-    bounds is a minimum of the bounded problem too."""
-    from scipy.optimize import curve_fit
-
-    try:
-        params, _ = curve_fit(_model, u, y, p0=p0, jac=_jac, method="lm", maxfev=200)
-    except (RuntimeError, ValueError):
-        return _refit(u, y, p0)
-    if params[0] >= 0 and params[1] >= 0 and 0 <= params[2] <= ALPHA_MAX and np.all(np.isfinite(params)):
-        return params
-    return _refit(u, y, p0)
 
 
 def _point(u: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
@@ -320,18 +308,18 @@ def _spread(ys: np.ndarray, units: list[list[np.ndarray]]) -> np.ndarray:
 
 def _bootstrap(u: np.ndarray, y: np.ndarray, units: list[list[np.ndarray]], p0: Sequence[float], n: int,
                seed: int) -> np.ndarray:
-    """(E, B, alpha) of each resample that refitted, as rows; resamples that fail are skipped."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(n):
-        idx = np.concatenate([at[k] for at in units for k in rng.integers(0, len(at), len(at))])
+    """(E, B, alpha) of each resample that refitted, as rows; resamples that fail are skipped. Each resample is
+    fitted on its per-size means weighted by their points (resample.py: the same minimum as on every point); the
+    rare one the batched fit leaves outside the bounds is refitted with them."""
+    sizes = np.array([u[at[0][0]] for at in units])
+    means, counts = resampled_means(y, units, n, seed)
+    params = fit_many(sizes, means, counts, p0, _UPPER)
+    for k in np.flatnonzero(np.isnan(params).any(axis=1)):
         try:
-            params = _refit_fast(u[idx], y[idx], p0)
+            params[k] = _refit(sizes, means[k], p0, sigma=counts[k] ** -0.5)
         except (RuntimeError, ValueError):
             continue
-        if np.all(np.isfinite(params)):
-            rows.append(params)
-    return np.array(rows).reshape(-1, 3)
+    return params[np.isfinite(params).all(axis=1)]
 
 
 def _pct(values: np.ndarray) -> Interval:

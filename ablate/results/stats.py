@@ -16,6 +16,7 @@ interval, and a comparison with one is untested. The read side leaves such runs 
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Sequence
@@ -58,6 +59,7 @@ class Estimate:
         return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f} {n}"
 
 
+@functools.lru_cache(maxsize=4096)  # a table of 2,000 cells asks for a handful of df; scipy's ppf costs ~1 ms a call
 def t_quantile(df: float, level: float = LEVEL) -> float:
     from scipy import stats
 

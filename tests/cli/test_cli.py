@@ -244,6 +244,12 @@ def test_a_command_line_that_does_not_parse_exits_2_and_says_what_is_wrong(capsy
     assert main(["sweep", "status", "-h"]) == 0 and "--format [table|csv]" in capsys.readouterr().out
 
 
+def test_report_names_an_unknown_format_and_the_ones_it_knows(sqlite_url, capsys):
+    assert main(["report", "anything", "--db", sqlite_url, "--format", "md,pdf"]) == 2
+    err = capsys.readouterr().err
+    assert "--format: 'pdf' is not a format" in err and "csv, points" in err
+
+
 def test_flags_are_read_as_they_always_were():
     from ablate.cli import parse
 

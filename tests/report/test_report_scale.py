@@ -13,6 +13,7 @@ import yaml
 
 from ablate import report, store
 from ablate.report import MAX_CURVES, build_report, draw_curves, layout_tables, load_views
+from ablate.report.render import KNOWN_FORMATS
 from ablate.config import load_trials
 
 pytestmark = pytest.mark.scale  # a campaign across the house: `pytest -m scale`
@@ -64,8 +65,10 @@ def curve_lines(ax) -> list:
 
 def test_a_big_sweep_reports_every_run_and_draws_the_best_configurations(big):
     url, ids, tmp = big
-    rep = build_report("big", url, tmp / "out")
+    rep = build_report("big", url, tmp / "out", formats=KNOWN_FORMATS)
     assert len(ids) == 1500 and len(rep.tables) == 2
+    assert list(rep.seconds) == ["load", "tables", "figures", "scaling", "claims", "files"]  # bench/db.py's parts
+    assert all(s > 0 for s in rep.seconds.values())
     assert all(len(t.columns) == 75 for t in rep.tables)  # every configuration stays a column of its table
     md = (rep.out / "report.md").read_text()
     assert md.count(f"showing {MAX_CURVES} of 75 configurations (750 runs)") == 2
@@ -156,6 +159,19 @@ def test_report_cost_does_not_grow_per_run_in_label_scans_or_queries(tmp_path, m
     assert small[2] == large[2]  # the same statements at 4x the runs: no query per run
 
 
+def test_every_point_is_a_file_only_when_asked(tmp_path):
+    """At 100,000 runs x 200 points the file of every point is 1.4 GB: the default report leaves it out and its
+    caption says how to ask; `points` among the formats writes it."""
+    url, _ = fake_sweep(tmp_path, "pts", grid([32, 64], [1e-3, 2e-3], 3), points=12)
+    plain = build_report("pts", url, tmp_path / "plain")
+    assert not list(plain.out.glob("curves-*.csv")) and (plain.out / "runs.csv").exists()
+    assert "every run's points: add points to --format" in (plain.out / "report.md").read_text()
+    asked = build_report("pts", url, tmp_path / "asked", formats=("md", "png", "points"))
+    assert sorted(p.name for p in asked.out.glob("curves-*.csv")) == ["curves-architecture-llama.csv",
+                                                                     "curves-architecture-mixer.csv"]
+    assert "every run's points in curves-architecture-mixer.csv" in (asked.out / "report.md").read_text()
+
+
 def test_postgresql_writes_the_points_csv_itself_with_the_same_values_as_python(tmp_path, postgres_url):
     # on PostgreSQL the server writes every point (COPY); on SQLite Python's csv writer: the same file, read back
     tables = {}
@@ -163,7 +179,7 @@ def test_postgresql_writes_the_points_csv_itself_with_the_same_values_as_python(
         folder = tmp_path / engine_name
         folder.mkdir()
         url, _ = fake_sweep(folder, "pts", grid([32, 64], [1e-3, 2e-3], 3), points=12, url=url)
-        out = build_report("pts", url, folder / "out", formats=("md", "csv"))
+        out = build_report("pts", url, folder / "out", formats=("md", "points"))
         rows = list(csv.DictReader((out.out / "curves-architecture-mixer.csv").open()))
         tables[engine_name] = [{k: (float(v) if k in ("elapsed_seconds", "loss") else v) for k, v in r.items()}
                                for r in rows]

@@ -102,3 +102,31 @@ def test_a_sweep_whose_losses_follow_a_known_law_is_fitted_back_by_the_report(tm
     assert float(rows[("llama", "params")]["E"]) == pytest.approx(2.1, abs=0.05)
     assert rows[("llama", "flops")]["converged"] == "True"
     assert "**Scaling.**" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_the_scaling_figure_draws_a_size_of_many_runs_as_its_mean_and_range_and_a_few_runs_one_by_one():
+    """100,000 runs would be 100,000 markers (most of the figure's cost, and unreadable): past MAX_DOTS runs at
+    a size, a law's size is its mean with a min–max bar; 25 laws' legend gives way to a note."""
+    from ablate.report.scaling import MAX_DOTS, draw_laws
+    from ablate.results.laws import ArchitectureLaw, Laws
+    from ablate.results.scaling import fit_power_law
+
+    rng = np.random.default_rng(1)
+    def law(name: str, seeds: int) -> ArchitectureLaw:
+        pts = [(x, 2 + 30 * x ** -0.3 + rng.normal(0, 0.01), s) for x in (1e5, 1e6, 1e7) for s in range(seeds)]
+        fit = fit_power_law([p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts], bootstrap=50)
+        return ArchitectureLaw(name, {"params": pts}, {"params": fit})
+
+    many, few = law("mixer", MAX_DOTS + 1), law("llama", 3)
+    ax = draw_laws(Laws([many, few]), "t").axes[0]
+    lines: dict = {}
+    for line in ax.get_lines():  # the first of a gid: an errorbar's data line (its caps share the gid)
+        lines.setdefault(line.get_gid(), line)
+    assert len(lines["points-llama-params"].get_xdata()) == 9  # every run
+    means = lines["points-mixer-params"]
+    assert list(means.get_xdata()) == [1e5, 1e6, 1e7] and ax.containers  # and its bars
+    at = [p[1] for p in many.points["params"] if p[0] == 1e6]
+    assert means.get_ydata()[1] == pytest.approx(sum(at) / len(at))
+    assert "mixer (per size: mean of 21 runs, min–max)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    crowded = draw_laws(Laws([law(f"arch{i}", 2) for i in range(11)]), "t").axes[0]
+    assert crowded.get_legend() is None and "11 laws" in crowded.get_title()

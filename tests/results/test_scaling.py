@@ -96,6 +96,44 @@ def test_checkpoints_of_one_seed_move_together_in_the_bootstrap():
     assert twice.alpha_ci != fit_power_law(np.repeat(x, 2), np.repeat(y, 2), bootstrap=200).alpha_ci
 
 
+def test_each_resample_fitted_on_its_size_means_lands_where_a_fit_of_its_every_point_does():
+    """The bootstrap fits a resample's per-size means weighted by their points, all resamples at once
+    (results/resample.py); a scipy fit of the same resample's every point, one at a time, finds the same minimum."""
+    from scipy.optimize import curve_fit
+
+    from ablate.results.resample import fit_many
+
+    rng = np.random.default_rng(11)
+    x, y, seed = seeds(rng, n_seeds=6, sd=0.02)
+    u = x / np.exp(np.log(x).mean())
+    sizes = np.unique(u)
+    resamples = [np.concatenate([rng.choice(np.flatnonzero(u == s), 6 + k % 3) for s in sizes]) for k in range(20)]
+    means = np.array([[y[idx][u[idx] == s].mean() for s in sizes] for idx in resamples])
+    counts = np.array([[np.sum(u[idx] == s) for s in sizes] for idx in resamples], dtype=float)
+    start = fit_power_law(x, y, bootstrap=0)
+    p0 = (start.E, start.A * np.exp(np.log(x).mean()) ** -start.alpha, start.alpha)
+    batched = fit_many(sizes, means, counts, p0, (np.inf, np.inf, scaling.ALPHA_MAX))
+    for idx, got in zip(resamples, batched):
+        want, _ = curve_fit(scaling._model, u[idx], y[idx], p0=p0, jac=scaling._jac, method="lm", xtol=1e-12,
+                            ftol=1e-12)
+        assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_a_resample_the_batched_fit_leaves_outside_the_bounds_is_refitted_with_them():
+    """Losses that rise with size past the middle: an unbounded fit of some resamples wants alpha < 0 or E < 0;
+    those come back NaN from fit_many, the bounded refit gives them numbers within the bounds."""
+    from ablate.results.resample import fit_many
+
+    sizes = np.geomspace(0.1, 10, 5)
+    means = np.array([[3.0, 2.5, 2.2, 2.25, 2.3], [3.0, 2.6, 2.4, 2.3, 2.25]])
+    fitted = fit_many(sizes, means, np.ones_like(means), (1.0, 1.0, 0.5), (np.inf, np.inf, scaling.ALPHA_MAX))
+    assert np.isnan(fitted[0]).all() and np.isfinite(fitted[1]).all()
+    units = [[np.array([i])] for i in range(5)]
+    refitted = scaling._bootstrap(sizes, means[0], units, (1.0, 1.0, 0.5), 3, seed=0)
+    assert refitted.shape == (3, 3)
+    assert (refitted[:, :2] >= 0).all() and ((refitted[:, 2] >= 0) & (refitted[:, 2] <= scaling.ALPHA_MAX)).all()
+
+
 @pytest.mark.parametrize("n_sizes", [1, 2])
 def test_fewer_than_three_distinct_sizes_is_no_fit(n_sizes):
     x = np.repeat(SIZES[:n_sizes], 3)
