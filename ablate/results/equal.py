@@ -88,9 +88,11 @@ def read_at(views: list[Any], at: At, curves: dict[tuple[int, str], Any]) -> lis
 
 
 def read_runs_at(engine: Any, views: list[Any], at: At | None) -> list[Any]:
-    """The views read at `at` on their curves from the DB (every completed run's points); unchanged for None."""
+    """The views read at `at` on their curves from the DB (each completed run's points around it); unchanged for
+    None."""
     if at is None:
         return views
-    from ablate.results.points import run_points
+    from ablate.results.points import points_around
 
-    return read_at(views, at, run_points(engine, [v.row.id for v in views if v.row.status == "completed"]))
+    ids = [v.row.id for v in views if v.row.status == "completed"]
+    return read_at(views, at, points_around(engine, ids, at.kind, at.amount))
