@@ -97,3 +97,27 @@ def test_the_spec_checks_report_at_and_keeps_reading_settings_out_of_its_fingerp
     assert read.fingerprint() == plain.fingerprint()  # how runs are read is not which runs exist
     with pytest.raises(ValueError, match=r"report\.at"):
         SweepSpec.model_validate({**base, "report": {"at": {"flop": 1}}})
+
+
+@pytest.mark.parametrize("budget", ["tokens=300", "tokens=10", "tokens=1M", "steps=8", "steps=16", "seconds=5s",
+                                    "flops=1e9"])
+def test_the_points_around_a_budget_read_as_every_point_does(tmp_path, db_url, budget):
+    """The database picks each run's points on either side of the budget (points_around); read at it, they give
+    the losses, statuses and steps that all of the run's points give, on both backends."""
+    from ablate import store
+    from ablate.results.points import points_around, run_points
+    from ablate.results.views import load_views
+    from tests.report.test_report_scale import fake_sweep, grid
+
+    url, _ = fake_sweep(tmp_path, "near", grid([32, 64], [1e-3], 2), points=20, url=db_url)
+    engine = store.reader(url)
+    _, views = load_views(engine, "near")
+    ids = [v.row.id for v in views]
+    at = parse_at(budget)
+    every, near = read_at(views, at, run_points(engine, ids)), read_at(views, at, points_around(engine, ids, at.kind,
+                                                                                                 at.amount))
+    assert [(v.row.status, v.row.final_train_loss, v.row.final_eval_loss, v.row.steps_read) for v in near] == \
+           [(v.row.status, v.row.final_train_loss, v.row.final_eval_loss, v.row.steps_read) for v in every]
+    assert sum(len(p) for p in points_around(engine, ids, at.kind, at.amount).values()) <= 3 * 2 * len(ids)
+    if budget == "tokens=300":  # between two eval points of every run: an interpolated number, not a refusal
+        assert all(v.row.final_eval_loss is not None and v.row.final_train_loss is not None for v in near)
