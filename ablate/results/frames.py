@@ -23,20 +23,18 @@ def runs(sweep: str | None = None, url: str | None = None):
 
 
 def runs_of(rows: list[Any], sweep: str):
-    """The DataFrame `runs(sweep)` reads, from the sweep's Run rows already in memory (a report has loaded every
+    """The DataFrame `runs(sweep)` reads, from the sweep's runs already in memory (rows of the runs table, or Runs) (a report has loaded every
     run: reading 100,000 again, their JSON parsed again, cost 6 CPU-s): the same columns, order and types."""
     import pandas as pd
 
-    from operator import itemgetter
-
     mapper = sa.inspect(store.Run)
     keys = [(column.name, mapper.get_property_by_column(column).key) for column in store.Run.__table__.columns]
-    loaded = itemgetter(*(key for _, key in keys))  # a loaded row's values sit in its __dict__: read at C speed
+    names = tuple(name for name, _ in keys)
     records = []
     for run in sorted(rows, key=lambda r: r.id):
-        try:
-            records.append((*loaded(run.__dict__), sweep))
-        except KeyError:  # an attribute not loaded (expired): through the ORM, which loads it
+        if isinstance(run, sa.Row) and run._fields == names:  # a row of the runs table (load_views): its values
+            records.append((*run, sweep))
+        else:  # an ORM Run
             records.append((*(getattr(run, key) for _, key in keys), sweep))
     return _with_varying(_integers(pd.DataFrame.from_records(records, columns=[*(name for name, _ in keys), "sweep"],
                                                              coerce_float=True)))

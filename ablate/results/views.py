@@ -34,8 +34,11 @@ class RunView:
 def load_views(engine: sa.Engine, sweep: str) -> tuple[SweepSpec, list[RunView]]:
     row = store.sweep_named(engine, sweep, store.Sweep.id, store.Sweep.spec)
     spec = SweepSpec.model_validate(row.spec)
-    with store.session_factory(engine)() as session:
-        runs = list(session.scalars(sa.select(store.Run).where(store.Run.sweep_id == row.id).order_by(store.Run.trial_index)))
+    # rows, not ORM instances: a third of the memory and no instrumented attribute per read (a report reads
+    # 100,000 runs' fields millions of times); a Row reads by the column names, which are the ORM's attribute names
+    with engine.connect() as conn:
+        runs = conn.execute(sa.select(store.Run.__table__).where(store.Run.sweep_id == row.id)
+                            .order_by(store.Run.trial_index)).all()
     views = []
     validated: dict[bytes, tuple[TrialConfig, dict[str, Any]]] = {}
     for r in runs:
