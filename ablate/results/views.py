@@ -43,16 +43,13 @@ def load_views(engine: sa.Engine, sweep: str) -> tuple[SweepSpec, list[RunView]]
     validated: dict[bytes, tuple[TrialConfig, dict[str, Any]]] = {}
     for r in runs:
         trial, axes = _trial(r.config, validated)
-        matching = [ref for ref in spec.reference
-                    if all(same_value(axes.get(k, _MISSING), v) for k, v in ref.match.items())]  # Reference.matches
+        matching = [ref for ref in spec.reference if ref.matches_axes(axes)]
         ref = max(matching, key=lambda x: len(x.match)) if matching else None
         views.append(RunView(row=r, axes=axes, reference=ref, trial=trial, sweep=sweep))
     with_every_varying_field(views)
     check_seeds(views)
     return spec, views
 
-
-_MISSING = object()
 
 
 def _trial(config: dict[str, Any], validated: dict[bytes, tuple[TrialConfig, dict[str, Any]]]
