@@ -2,6 +2,7 @@
 
     python -m bench.trial_cost [--trials 8] [--steps 3] [--out bench/trial-cost-results.md]
     python -m bench.trial_cost --sweep-run [--repeat 2] [--steps 3]
+    python -m bench.trial_cost --cold mixer,llama,gpt [--repeat 3] [--steps 3 | --seconds 60]
 
 Registers the smoke sweep (tiny mixer and Llama, the embedded TinyStories) with a step budget of
 `--steps` and seeds enough for `--trials` runs, then runs every trial through `runner.run_trial` one
@@ -15,6 +16,11 @@ training and eval seconds (one thread, so seconds of CPU). A script, not a test.
 `--repeat` times each, a warm-up run first builds the token cache), its CPU with every process it started and
 reaped (the local Prefect API server, the warm helper and its trainers: a sweep of one trial starts it cold, so
 both sizes have the helper); the fixed cost per sweep and the cost per trial are the line through the two sizes.
+
+`--cold FAMILIES` measures a cold trainer (a fresh `python -m ablate.train`, no warm helper) of each family, `--repeat`
+trials each (d_model 64, 2 layers, 4 heads): the CPU before its first timed step (its own note), its non-training
+CPU; with `--seconds S` a wall-clock budget of S seconds instead of `--steps`, and the share of each run's wall clock
+(started to finished, as the database has them) that its budget clock counted.
 """
 
 from __future__ import annotations
@@ -119,16 +125,54 @@ def sweep_run_table(repeat: int, steps: int) -> str:
         f"Fixed cost per sweep {fixed:.2f} CPU-s; per trial {per_trial:.2f} CPU-s (the line through both sizes)."])
 
 
+def cold_table(families: list[str], repeat: int, steps: int, seconds: float | None = None) -> str:
+    """Cold trainers of each family, one after another: CPU before the first step, non-training CPU."""
+    from ablate import runner, store
+
+    work = Path(tempfile.mkdtemp(prefix="ablate-bench-cold-"))
+    spec = yaml.safe_load((REPO / "sweeps" / "smoke.yaml").read_text())
+    budget = {"wall_clock": f"{seconds:g}s"} if seconds else {"steps": steps}
+    spec.update(budget={**budget, "hardware": "cpu"}, eval={"at": [0.5]}, report={})
+    lines = [f"Cold trainers (`ABLATE_WARM_TRAINER=0`: a fresh `python -m ablate.train` each), d_model 64, 2 layers, "
+             f"{f'{seconds:g} s' if seconds else f'{steps} steps'}, one thread, {repeat} trials each "
+             f"({os.cpu_count()} cores, Python {sys.version.split()[0]}); CPU-s, median (each trial's):", "",
+             "| family | CPU before the first timed step | non-training CPU | budget clock / wall clock |",
+             "|---|---|---|---|"]
+    for family in families:
+        cell = {"architecture": family, "d_model": 64, "seeds": repeat, **({"heads": 4} if family != "mixer" else {})}
+        path = work / f"{family}.yaml"
+        path.write_text(yaml.safe_dump({**spec, "name": f"cold-{family}", "grid": [cell]}, sort_keys=False))
+        url = f"sqlite:///{work / family}.db"
+        _, _, ids = runner.register(path, url, artifacts=work / "art")
+        measured = run_all(url, ids, work / "art", warm_on=False)
+        engine = store.connect(url)
+        runs = [store.get_run(engine, rid) for rid in ids]
+        before = [r.notes["process_cpu"]["before_training"] for r in runs]
+        walls = [(r.finished_at - r.started_at).total_seconds() for r in runs]
+        shares = [f"{r.train_seconds:.2f} of {wall:.2f} s: {r.train_seconds / wall:.1%} "
+                  f"({r.train_seconds / (wall - r.notes['meters']['eval']):.1%} of it less its evals)"
+                  for r, wall in zip(runs, walls)]
+        lines.append(f"| {family} | {statistics.median(before):.2f} ({', '.join(f'{b:.2f}' for b in before)}) | "
+                     f"{measured['non_training']:.2f} | {'; '.join(shares)} |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=8)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--out", default=None, help="also write the table to this markdown file")
     p.add_argument("--sweep-run", action="store_true", help="the whole `ablate sweep run`: fixed and per-trial cost")
-    p.add_argument("--repeat", type=int, default=2, help="with --sweep-run: runs of each size")
+    p.add_argument("--repeat", type=int, default=2, help="--sweep-run: runs of each size; --cold: trials per family")
+    p.add_argument("--cold", default=None, help="cold trainers of these families (comma-separated): CPU before step 1")
+    p.add_argument("--seconds", type=float, default=None, help="with --cold: a wall-clock budget instead of --steps")
     args = p.parse_args()
-    if args.sweep_run:
-        table = sweep_run_table(args.repeat, args.steps)
+    if args.sweep_run or args.cold:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        sys.path.insert(0, str(REPO))
+        table = (sweep_run_table(args.repeat, args.steps) if args.sweep_run
+                 else cold_table(args.cold.split(","), args.repeat, args.steps, args.seconds))
         print(table)
         if args.out:
             Path(args.out).write_text(table + "\n")

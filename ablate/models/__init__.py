@@ -27,7 +27,7 @@ __all__ = ["build", "check_architecture", "families", "family", "list_families",
            "options_model", "options_module", "register_architecture", "ZOO"]
 
 ZOO = {  # name: what it is; its modules are ablate/models/NAME.py (torch) and NAME_options.py (torch-free)
-    "llama": "Llama-style transformer (transformers LlamaModel, SDPA attention)",
+    "llama": "Llama-style transformer (transformers' Llama written as our own modules, SDPA attention)",
     "gpt": "early causal-LM transformer (transformers OpenAI GPT; GPT-2 as an option)",
     "mixer": "masked mixer: attention replaced by a causally masked linear map over the sequence",
     "hybrid": "Llama layers with a masked-mixer sequence layer after or beside attention",

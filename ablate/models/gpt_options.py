@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 class Options(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    variant: Literal["openai", "gpt2"] = Field("openai", description="OpenAIGPTLMHeadModel or GPT2LMHeadModel")
+    variant: Literal["openai", "gpt2"] = Field("openai", description="OpenAI GPT (post-norm) or GPT-2 (pre-norm): transformers' OpenAIGPTLMHeadModel or GPT2LMHeadModel")
     dropout: float = Field(0.1, ge=0, lt=1, description="residual, embedding and attention dropout (0.1: transformers' default, as the studies ran it)")
     tie_weights: bool = Field(True, description="share the token embedding with the LM head (both models tie by default)")
 

@@ -33,7 +33,7 @@ def head_counts(trial: TrialConfig) -> tuple[int, int]:
 
 
 def attention_params(d_model: int, heads: int, kv_heads: int) -> int:
-    """Parameters of hybrid.Attention: q, k, v, o projections without biases."""
+    """Parameters of llama.Attention: q, k, v, o projections without biases."""
     head_dim = d_model // heads
     return 2 * d_model * heads * head_dim + 2 * d_model * kv_heads * head_dim
 

@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ablate.models.hybrid import DecoderLayer, RMSNorm, init_llama_style, rotary
+from ablate.models.hybrid import DecoderLayer
+from ablate.models.llama import RMSNorm, init_llama_style, rotary
 # options and sizes live without torch in mod_options; the registry contract re-exports them here
 from ablate.models.mod_options import Options, dimensions, inter_token_params, mixing_flops_per_token, param_count  # noqa: F401
 

@@ -1,9 +1,11 @@
 """A warm trainer: one helper process per runner imports torch and the trainer once, then forks a child per trial.
 
-A cold `python -m ablate.train` spends 2-3 CPU-s importing before it builds anything (torch, the trainer; a Llama or
-GPT trainer 3.4 more for transformers, which pulls in torch._dynamo). Searches and smoke sweeps run many short
-trials, so the runner hands each single-process trial to this helper instead (a family's heavy libraries are
-loaded by the helper when a trial of that family first asks, so a mixer-only sweep never pays for transformers): the forked child starts with every import done and runs
+A cold `python -m ablate.train` spends about 2 CPU-s importing before it builds anything (torch, the trainer; the
+built-in families are our own modules: none imports transformers' models, which pull in torch._dynamo). Searches
+and smoke sweeps run many short trials, so the runner hands each single-process trial to this helper instead (a
+plugin family whose build() imports a heavy library names it in its `preload()`, which the helper runs when a trial
+of that family first asks, so a sweep without it never pays for it): the forked child starts with every import done
+and runs
 `ablate.train.main` with the trial's arguments, environment, working directory and log file, in its own
 session like a cold trainer, so signals, cancellation and outcome classification work unchanged.
 
@@ -48,7 +50,7 @@ ANSWER_SECONDS = 60.0  # a fork is quick: a helper silent this long after a requ
 
 def _preload() -> None:
     """What every trainer imports before its first step (measured with -X importtime on a tiny trial). A family's
-    heavy libraries (transformers for Llama and GPT) are loaded when a trial of it first asks (`_load`)."""
+    heavy libraries (a plugin's `preload()`) are loaded when a trial of it first asks (`_load`)."""
     import torch
     import torch.optim  # noqa: F401
 
@@ -66,8 +68,8 @@ _LOADED: set[str] = set()
 
 
 def _load(families: list[str]) -> bool:
-    """Import what these families' trainers import inside build() (their `preload()`: transformers' Llama and GPT
-    classes, 3.4 CPU-s), once, before forking: each forked trainer of them then has it. Whether anything loaded."""
+    """Import what these families' trainers import inside build() (a family's optional `preload()`: no built-in has
+    one), once, before forking: each forked trainer of them then has it. Whether any family was new."""
     from ablate import models
 
     new = [f for f in families if f not in _LOADED]

@@ -286,7 +286,7 @@ def test_mod_can_run_the_blogs_code_capacity_layers_and_output_form():
         with torch.no_grad():
             out = layer(x)
             index = layer.router(x)[..., 0].topk(4, dim=1).indices.sort(dim=1).values  # int(0.25 * 16) = 4
-            from ablate.models.hybrid import rotary
+            from ablate.models.llama import rotary
 
             gather = index[..., None].expand(-1, -1, 32)
             xs = x.gather(1, gather)

@@ -15,6 +15,7 @@ import pytest
 from ablate import runner, store
 from ablate.runner import warm
 from tests.train.test_train import make_trial, metric_rows, registered
+from tests.helpers import REPO
 from tests.waiting import patience, wait_until
 
 FAST = {"ABLATE_HEARTBEAT_SECONDS": "1"}
@@ -147,19 +148,21 @@ def _warm_on(monkeypatch):
     monkeypatch.delenv("ABLATE_WARM_TRAINER", raising=False)
 
 
-def test_the_helper_loads_what_llama_and_gpt_trainers_import_in_build_when_first_asked():
-    """transformers' model modules are imported inside the families' build(): the helper loads them before it forks
-    the first trainer of those families (a forked trainer does not import them again), and not for a sweep that
-    has none (a mixer-only sweep's helper never pays the 3.4 CPU-s); a family it cannot load leaves the helper
-    serving (the forked trainer says what is wrong)."""
+def test_the_helper_loads_what_a_familys_build_imports_when_first_asked():
+    """A family whose build() imports a heavy library names it in `preload()`: the helper loads it before it forks
+    the first trainer of that family (a forked trainer does not import it again), and not for a sweep that has
+    none; the built-in families import no model library (llama and gpt are our own modules: a helper never pays
+    transformers' 3.4 CPU-s for them); a family it cannot load leaves the helper serving (the trainer says what)."""
     models = ("'transformers.models.llama.modeling_llama', 'transformers.models.gpt2.modeling_gpt2', "
               "'transformers.models.openai.modeling_openai'")
-    probe = ("import sys; from ablate.runner import warm; warm._preload(); warm._load(['mixer', 'no-such-family']); "
+    probe = ("import sys; from ablate.config import registry; from ablate.runner import warm; "
+             "registry.families(); registry.register_architecture('heavy', 'tests.runner.heavy_family', "
+             "'tests.plugins.leaky', 'test: a heavy import'); "
+             "warm._preload(); print(warm._load(['mixer', 'llama', 'gpt', 'no-such-family'])); "
              f"print(sorted(m for m in ({models}) if m in sys.modules)); "
-             "print(warm._load(['llama', 'gpt']), warm._load(['llama'])); "
+             "print(warm._load(['heavy', 'llama']), warm._load(['heavy'])); "
              f"print(sorted(m for m in ({models}) if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=patience(300),
-                         check=True)
+                         check=True, cwd=REPO)
     assert out.stdout.splitlines() == [
-        "[]", "True False", "['transformers.models.gpt2.modeling_gpt2', 'transformers.models.llama.modeling_llama', "
-        "'transformers.models.openai.modeling_openai']"], out.stdout + out.stderr[-2000:]
+        "True", "[]", "True False", "['transformers.models.llama.modeling_llama']"], out.stdout + out.stderr[-2000:]

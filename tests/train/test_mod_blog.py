@@ -60,8 +60,8 @@ def test_dropout_falls_where_the_blogs_did_in_training_only(monkeypatch, archite
     plain.load_state_dict(model.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(plain.eval()(x), model(x))  # eval mode: dropout off, the same model
-    if architecture == "llama":  # the attention weights' own dropout is transformers'
-        assert model.hf.config.attention_dropout == 0.2 and plain.hf.config.attention_dropout == 0.0
+    if architecture == "llama":  # and on the attention weights, inside SDPA (transformers' attention_dropout)
+        assert [layer.self_attn.dropout for layer in (*model.layers, *plain.layers)] == [0.2, 0.2, 0.0, 0.0]
 
 
 def test_the_train_routing_eval_is_the_training_forward_and_the_trainer_records_it(tmp_path):
