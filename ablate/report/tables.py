@@ -38,9 +38,12 @@ class Table:
         return "\n".join([f"**{self.title}**", "", head, rule, *body, *notes])
 
 
-def layout_tables(spec: SweepSpec, views: list[RunView]) -> list[Table]:
+def layout_tables(spec: SweepSpec, views: list[RunView], floor: dict[str, tuple[float | None, int]] | None = None
+                  ) -> list[Table]:
+    """The spec's tables; `floor`: the claims' noise floor when they were checked already (the same numbers)."""
     at = parse_at(spec.report.at)
-    floor = noise_floor(views, spec.report.min_steps)  # the report's one floor, as its claims read it
+    if floor is None:
+        floor = noise_floor(views, spec.report.min_steps)  # the report's one floor, as its claims read it
     if spec.report.group:  # one table: the group axes' combinations, every other axis averaged
         tables = [one_table(spec, TableSpec(title=spec.name, group_by=(), columns=spec.report.group[0]), views,
                              extra=list(spec.report.group[1:]), floor=floor)] if views else []

@@ -34,7 +34,7 @@ def study(engine: sa.Engine, sweep: str) -> dict[str, Any]:
     for c in claims.cells:
         verdicts[c.verdict] = verdicts.get(c.verdict, 0) + 1
     return {"tables": [{"title": t.title, "columns": t.columns, "rows": [[label, *cells] for label, cells in t.rows],
-                        "notes": t.notes} for t in layout_tables(spec, views)],
+                        "notes": t.notes} for t in layout_tables(spec, views, claims.floor)],
             "claims": None if table is None else {"head": list(table.head), "rows": table.rows,
                                                   "statements": table.statements, "method": table.method,
                                                   "floor": table.floor},
