@@ -1,8 +1,8 @@
 """Transformer-mixer hybrid: Llama decoder layers with a masked-mixer sequence layer.
 
 Built from the `llama` family's own pieces (llama.py: RMSNorm, RoPE, SDPA with is_causal, SwiGLU, transformers'
-Llama arithmetic and init), so that the only difference from the `llama` family is the mixer. The authors' "transfixer" (a branch of
-transformers 4.42) placed a flat masked mixer on the attention *output*:
+Llama arithmetic and init), so that the only difference from the `llama` family is the mixer. The authors'
+"transfixer" (a branch of transformers 4.42) placed a flat masked mixer on the attention *output*:
     a = attn(norm(x));  x = x + a + mix(a)               placement: sequential (default)
 and the parallel variant feeds the mixer the same normed input as attention:
     h = norm(x);        x = x + attn(h) + mix(h)         placement: parallel

@@ -51,7 +51,6 @@ def load_views(engine: sa.Engine, sweep: str) -> tuple[SweepSpec, list[RunView]]
     return spec, views
 
 
-
 def _trial(config: dict[str, Any], validated: dict[bytes, tuple[TrialConfig, dict[str, Any]]]
            ) -> tuple[TrialConfig, dict[str, Any]]:
     """A run's trial and axes, validated once per configuration (100,000 runs are a few hundred configurations

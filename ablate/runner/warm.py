@@ -5,8 +5,7 @@ built-in families are our own modules: none imports transformers' models, which 
 and smoke sweeps run many short trials, so the runner hands each single-process trial to this helper instead (a
 plugin family whose build() imports a heavy library names it in its `preload()`, which the helper runs when a trial
 of that family first asks, so a sweep without it never pays for it): the forked child starts with every import done
-and runs
-`ablate.train.main` with the trial's arguments, environment, working directory and log file, in its own
+and runs `ablate.train.main` with the trial's arguments, environment, working directory and log file, in its own
 session like a cold trainer, so signals, cancellation and outcome classification work unchanged.
 
 The helper never runs a tensor operation (no thread pool is started before a fork) and never touches
