@@ -32,7 +32,7 @@ from ablate.report.views import long_lived
 from ablate.config.units import parse_at
 from ablate.results.equal import read_runs_at
 from ablate.results.laws import Laws, fit_laws
-from ablate.results.orderings import Claims, check_claims, claims_frame
+from ablate.results.orderings import Claims, check_claims, claims_frame, noise_floor
 from ablate.results.views import RunView, load_views
 
 FORMATS = ("md", "html", "png", "svg", "csv")  # the default; "points" adds each table's every point (curves-*.csv)
@@ -117,9 +117,10 @@ def build_report(sweep: str, url: str | None = None, out: Path | None = None,
             spec = with_reading(spec, views, at, group)
             read = read_runs_at(engine, views, parse_at(spec.report.at))  # as the tables read them
         with parts("tables"):
-            tables = layout_tables(spec, read)
+            floor = noise_floor(read, spec.report.min_steps)  # the tables' and the claims' one floor
+            tables = layout_tables(spec, read, floor)
         return _render(engine, spec, read, tables, [sweep], url, out or Path("results/reports") / sweep, formats,
-                       skip, artifacts, stored=views, parts=parts)
+                       skip, artifacts, stored=views, parts=parts, floor=floor)
 
 
 def build_comparison(sweeps: list[str], url: str | None = None, out: Path | None = None,
@@ -150,9 +151,10 @@ def build_comparison(sweeps: list[str], url: str | None = None, out: Path | None
 def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: list[Table], sweeps: list[str],
             url: str | None, out: Path, formats: tuple[str, ...], skip: tuple[str, ...],
             artifacts: str | Path | None = None, stored: list[RunView] | None = None,
-            parts: Parts | None = None) -> Report:
+            parts: Parts | None = None, floor: dict[str, tuple[float | None, int]] | None = None) -> Report:
     """Draw the figures, then write each file `formats` asks for (`views`: the runs as the tables read them;
-    `stored`: as the DB holds them, for runs.csv and the samples; `parts`: CPU seconds per part, added to)."""
+    `stored`: as the DB holds them, for runs.csv and the samples; `parts`: CPU seconds per part, added to;
+    `floor`: the views' noise floor, where the tables computed it)."""
     stored = views if stored is None else stored
     parts = Parts() if parts is None else parts
     out.mkdir(parents=True, exist_ok=True)
@@ -166,7 +168,7 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
             figures.scaling = embedded[0]
     with parts("claims"):
         page = _page(spec, views, tables, out, figures, url, skip, artifacts, stored, scaling_lines(laws),
-                     read_race(engine, spec, views))
+                     read_race(engine, spec, views), floor)
     with parts("files"):
         files = _write_files(page, laws, figures, stored, sweeps, formats)
     return Report(sweep=spec.name, tables=tables, figures=figures.files, out=out, files=files,
@@ -231,10 +233,11 @@ def _draw_together(engine: sa.Engine, spec: SweepSpec, tables: list[Table], out:
 
 def _page(spec: SweepSpec, views: list[RunView], tables: list[Table], out: Path, figures: Figures, url: str | None,
           skip: tuple[str, ...], artifacts: str | Path | None, stored: list[RunView], scaling: list[str],
-          race: tuple[RaceTable | None, dict[str, str] | None] = (None, None)) -> Page:
+          race: tuple[RaceTable | None, dict[str, str] | None] = (None, None),
+          floor: dict[str, tuple[float | None, int]] | None = None) -> Page:
     recipe = recipe_lines(views) + [f"Override: {note}" for note in spec.overrides]  # incl. hardware not the study's
     recipe += [line for line in [at_note(spec)] if line]
-    claims = check_claims(spec, views)
+    claims = check_claims(spec, views, floor=floor)
     apply_race(claims, race[1])
     orderings = check_orderings(spec, views, claims)
     samples, sampleable = (prompt_completions(stored, spec.report.prompt, url, artifacts) if spec.report.prompt

@@ -25,6 +25,25 @@ def config_key(view: Any) -> tuple:
     return tuple(sorted((k, repr(x)) for k, x in view.axes.items() if k != "seed"))
 
 
+def _held(view: Any) -> tuple:
+    """The axes (the seed aside) as the objects that hold their values: the seeds of one configuration hold the
+    same objects (load_views), so runs with one `_held` have one config_key. Valid while the views are alive."""
+    return tuple((k, id(x)) for k, x in view.axes.items() if k != "seed")
+
+
+def config_keys(views: list[Any]) -> list[tuple]:
+    """config_key of each view, made once per configuration (its seeds found by `_held`)."""
+    made: dict[tuple, tuple] = {}
+    keys = []
+    for v in views:
+        held = _held(v)
+        key = made.get(held)
+        if key is None:
+            key = made[held] = config_key(v)
+        keys.append(key)
+    return keys
+
+
 def differing(views: Iterable[Any], exclude: Iterable[str] = ()) -> list[str]:
     """The axes (a missing one counts as None) whose values differ between these runs, the seed aside."""
     views = list(views)
@@ -64,8 +83,8 @@ def split_axes(views: list[Any], keys: list[str]) -> list[str]:
 def check_seeds(views: list[Any]) -> None:
     """Two runs of one configuration with one seed would be counted as two seeds: refused, naming both."""
     seen: dict[tuple, Any] = {}
-    for v in views:
-        key = (config_key(v), repr(v.axes.get("seed")))
+    for v, config in zip(views, config_keys(views)):
+        key = (config, repr(v.axes.get("seed")))
         other = seen.setdefault(key, v)
         if other is v:
             continue

@@ -31,9 +31,10 @@ def runs_of(rows: list[Any], sweep: str):
     keys = [(column.name, mapper.get_property_by_column(column).key) for column in store.Run.__table__.columns]
     names = tuple(name for name, _ in keys)
     records = []
+    table_rows: dict[Any, bool] = {}  # per result a row came from (its _fields: 2.5 µs a call)
     for run in sorted(rows, key=lambda r: r.id):
-        if isinstance(run, sa.Row) and run._fields == names:  # a row of the runs table (load_views): its values
-            records.append((*run, sweep))
+        if isinstance(run, sa.Row) and table_rows.setdefault(run._parent, run._fields == names):
+            records.append((*run, sweep))  # a row of the runs table (load_views): its values
         else:  # an ORM Run
             records.append((*(getattr(run, key) for _, key in keys), sweep))
     return _with_varying(_integers(pd.DataFrame.from_records(records, columns=[*(name for name, _ in keys), "sweep"],
@@ -70,17 +71,22 @@ def _sweep_id(engine: sa.Engine, name: str) -> int:
     return store.sweep_named(engine, name, store.Sweep.id).id
 
 
+CSV_CHUNK = 10_000  # rows whose JSON columns are text at one time (100,000 runs' configs as text: 200 MB)
+
+
 def to_csv(frame: Any, path: Any) -> None:
-    """A DataFrame as csv whose JSON columns (config, options, ...) are JSON text that json.loads reads back."""
+    """A DataFrame as csv whose JSON columns (config, options, ...) are JSON text that json.loads reads back;
+    written CSV_CHUNK rows at a time (pandas formats its own chunks of a few thousand rows apart anyway)."""
     import orjson
 
-    frame = frame.copy()
     as_text = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
-    for column in store.Run.__table__.columns:
-        if isinstance(column.type, sa.JSON) and column.name in frame:
-            frame[column.name] = [None if v is None else orjson.dumps(v, option=as_text).decode()
-                                  for v in frame[column.name]]
-    frame.to_csv(path, index=False, lineterminator="\n")
+    json_columns = [c.name for c in store.Run.__table__.columns if isinstance(c.type, sa.JSON) and c.name in frame]
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        for start in range(0, max(len(frame), 1), CSV_CHUNK):
+            part = frame.iloc[start:start + CSV_CHUNK].copy()
+            for name in json_columns:
+                part[name] = [None if v is None else orjson.dumps(v, option=as_text).decode() for v in part[name]]
+            part.to_csv(f, index=False, lineterminator="\n", header=start == 0)
 
 
 def metrics(run_ids: list[int] | None = None, sweep: str | None = None, url: str | None = None):

@@ -24,7 +24,7 @@ from typing import Any
 
 from ablate.config import Ordering, SweepSpec
 from ablate.results import stats
-from ablate.results.cells import Seeds, config_key, differing, read_seeds, split_axes
+from ablate.results.cells import Seeds, config_keys, differing, read_seeds, split_axes
 from ablate.results.equal import RowAt
 from ablate.results.views import RunView, matches_where, sort_key
 
@@ -85,11 +85,11 @@ def noise_floor(views: list[RunView], min_steps: int = 0, value: Value = final_e
     """Per architecture: the seed-to-seed std of `value`, pooled over its configurations (runs that differ only by
     seed), and the number of configurations with two seeds or more. The report's one floor: its tables print it."""
     configs: dict[tuple[str, tuple], list[float]] = {}
-    for v in views:
+    for v, key in zip(views, config_keys(views)):
         x = value(v) if v.row.status == "completed" and comparable(v, min_steps) else None
         if x is None or not math.isfinite(x):
             continue
-        configs.setdefault((str(v.axes.get("architecture")), config_key(v)), []).append(x)
+        configs.setdefault((str(v.axes.get("architecture")), key), []).append(x)
     by_arch: dict[str, list[list[float]]] = {}
     for (arch, _), values in configs.items():
         by_arch.setdefault(arch, []).append(values)
@@ -97,11 +97,12 @@ def noise_floor(views: list[RunView], min_steps: int = 0, value: Value = final_e
 
 
 def check_claims(spec: SweepSpec, views: list[RunView], value: Value = final_eval_loss,
-                 min_steps: int | None = None) -> Claims:
+                 min_steps: int | None = None, floor: dict[str, tuple[float | None, int]] | None = None) -> Claims:
     """Each of the spec's orderings, configuration against configuration: Welch across seeds, the two-sided p
-    Holm-adjusted over all of them."""
+    Holm-adjusted over all of them. `floor`: noise_floor of these views, value and min_steps, where the caller
+    has it already (a report's tables print the same one)."""
     min_steps = spec.report.min_steps if min_steps is None else min_steps
-    floor = noise_floor(views, min_steps, value)
+    floor = noise_floor(views, min_steps, value) if floor is None else floor
     result = Claims(floor=floor, min_steps=min_steps)
     for order in spec.report.orderings:
         result.cells += _cells_of(order, views, value, min_steps, floor)

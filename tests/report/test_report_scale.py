@@ -4,6 +4,7 @@ a report scans labels once per table and issues as many SQL statements at 400 ru
 from __future__ import annotations
 
 import csv
+import json
 import statistics
 from pathlib import Path
 
@@ -159,6 +160,24 @@ def test_report_cost_does_not_grow_per_run_in_label_scans_or_queries(tmp_path, m
     assert small[2] == large[2]  # the same statements at 4x the runs: no query per run
 
 
+def test_the_report_computes_its_noise_floor_once_for_its_tables_and_its_claims(tmp_path, monkeypatch):
+    # the floor is a pass over every run (about 1 CPU-s at 100,000 runs): the tables print it, the claims test against
+    # it, the same numbers
+    from ablate.report import render, tables
+    from ablate.results import orderings
+
+    url, _ = fake_sweep(tmp_path, "fl", grid([32, 64, 96], [1e-3, 2e-3], 3), points=8)
+    data = yaml.safe_load((tmp_path / "fl.yaml").read_text())
+    calls = []
+    real = orderings.noise_floor
+    for module in (render, tables, orderings):  # patched where each caller looks it up
+        monkeypatch.setattr(module, "noise_floor", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rep = build_report("fl", url, tmp_path / "out", formats=("md",))
+    assert len(calls) == 1
+    assert data["report"].get("orderings") and rep.claims.cells  # the smoke spec's orderings were checked
+    assert rep.claims.floor == real(load_views(store.reader(url), "fl")[1], rep.claims.min_steps)
+
+
 def test_every_point_is_a_file_only_when_asked(tmp_path):
     """At 100,000 runs x 200 points the file of every point is 1.4 GB: the default report leaves it out and its
     caption says how to ask; `points` among the formats writes it."""
@@ -188,7 +207,8 @@ def test_postgresql_writes_the_points_csv_itself_with_the_same_values_as_python(
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_the_reports_runs_csv_from_its_loaded_runs_is_the_csv_results_runs_writes(tmp_path, backend, request):
+def test_the_reports_runs_csv_from_its_loaded_runs_is_the_csv_results_runs_writes(tmp_path, backend, request,
+                                                                                  monkeypatch):
     # the report writes runs.csv from the runs it loaded, instead of reading them all again: the same bytes
     from ablate import results
 
@@ -203,3 +223,11 @@ def test_the_reports_runs_csv_from_its_loaded_runs_is_the_csv_results_runs_write
     results.to_csv(results.runs_of([v.row for v in views], "same"), loaded)
     assert loaded.read_bytes() == read.read_bytes()
     assert len(read.read_text().splitlines()) > len(ids)  # a quoted error spans two lines
+    # written a few rows at a time (10,000 in a report), the file is the one pandas writes of the whole frame
+    monkeypatch.setattr(results.frames, "CSV_CHUNK", 3)
+    chunked = tmp_path / "chunked.csv"
+    results.to_csv(results.runs("same", url), chunked)
+    whole = results.runs("same", url)
+    for name in ("config", "options", "library_versions", "notes"):
+        whole[name] = [None if v is None else json.dumps(v, sort_keys=True, separators=(",", ":")) for v in whole[name]]
+    assert chunked.read_bytes() == read.read_bytes() == whole.to_csv(index=False, lineterminator="\n").encode()

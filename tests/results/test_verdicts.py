@@ -71,6 +71,20 @@ def test_a_grid_varying_weight_decay_gets_one_cell_per_configuration_not_n4(tmp_
     assert "d_model=32, weight_decay=0.1: mixer 2.50" in check_orderings(spec, views, claims)[0]
 
 
+def test_configuration_keys_made_once_per_configuration_are_each_runs_own():
+    # config_keys reuses a key where a run holds the same objects as one before it (its configuration's other
+    # seeds): never where the values differ, whatever objects hold them
+    from ablate.results.cells import config_key, config_keys
+
+    shared = {"architecture": "mixer", "lr": 1e-3, "d_model": 512, "options.norm": [1, 2]}
+    views = [SimpleNamespace(axes={**shared, "seed": s}) for s in range(3)]
+    views += [SimpleNamespace(axes={**shared, "lr": 2e-3, "seed": 0}), SimpleNamespace(axes={**shared, "d_model": 512.0}),
+              SimpleNamespace(axes={**shared, "options.norm": [1, 2.0]}), SimpleNamespace(axes=dict(reversed(shared.items())))]
+    keys = config_keys(views)
+    assert keys == [config_key(v) for v in views]
+    assert len({keys[0], keys[1], keys[2], keys[6]}) == 1 and len(set(keys)) == 4
+
+
 def test_two_runs_of_one_configuration_with_one_seed_are_refused_naming_both(tmp_path, sqlite_url):
     # kernel 1 is the mixer's default: written out, it is a new fingerprint but the same configuration
     ids, engine = _register(tmp_path, sqlite_url, [{"architecture": "mixer"},
