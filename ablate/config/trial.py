@@ -222,23 +222,17 @@ def fields_that_differ(configs: Sequence[dict[str, Any] | None], flat: Callable[
                        skip: tuple[str, ...] = ("seed",)) -> tuple[list[str], list[dict[str, Any]]]:
     """The flattened fields that differ between runs' stored configs (`skip` aside), and each run's flattened
     fields. Flattened once per distinct config, not per run (100,000 runs are a few hundred configs): `flat(i)`
-    flattens the i-th (default: the stored JSON, with the fields added since older rows were written filled in).
-    Configs whose kept fields are the same objects (load_views shares them between seeds) are not dumped again."""
+    flattens the i-th (default: the stored JSON, with the fields added since older rows were written filled in)."""
     import orjson
 
     distinct: dict[bytes, dict[str, Any]] = {}
-    by_objects: dict[tuple, dict[str, Any]] = {}  # valid while `configs`, so their values, are alive
     flats = []
     for i, config in enumerate(configs):
-        held = tuple((k, id(v)) for k, v in (config or {}).items() if k not in skip)
-        found = by_objects.get(held)
-        if found is None:
-            kept = {k: v for k, v in {**_LEGACY_DEFAULTS, **(config or {})}.items() if k not in skip}
-            key = orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)
-            if key not in distinct:
-                distinct[key] = flatten(kept) if flat is None else flat(i)
-            found = by_objects[held] = distinct[key]
-        flats.append(found)
+        kept = {k: v for k, v in {**_LEGACY_DEFAULTS, **(config or {})}.items() if k not in skip}
+        key = orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)
+        if key not in distinct:
+            distinct[key] = flatten(kept) if flat is None else flat(i)
+        flats.append(distinct[key])
     return varying_fields(list(distinct.values()), exclude=skip), flats
 
 
