@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--quick", action="store_true", help="smallest sizes (what CI runs on CPU)")
     p.add_argument("--work", default=None, help="scratch folder (default: a new one under the system's temp)")
-    p.add_argument("--parts", default=",".join(name for name, _ in PARTS), help="a comma-separated subset")
+    p.add_argument("--parts", default=",".join(name for name, _ in PARTS),
+                   help="a comma-separated subset (env always runs: results.md's header names the device from it)")
     args = p.parse_args(argv)
     wanted = args.parts.split(",")
     unknown = sorted(set(wanted) - {name for name, _ in PARTS})
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # the same code path, every CUDA row skipped
     end = time.monotonic() + 60 * args.minutes - RESERVE
-    plan = [(name, share) for name, share in PARTS if name in wanted]
+    plan = [(name, share) for name, share in PARTS if name in wanted or name == "env"]
     with open(out / "log.txt", "a", buffering=1) as log:
         for i, (name, share) in enumerate(plan):
             left = end - time.monotonic()
