@@ -303,14 +303,12 @@ def _write(path: Path, text: str) -> Path:
 
 def _write_runs_csv(views: list[RunView], sweeps: list[str], path: Path) -> Path:
     """runs.csv from the runs already loaded (the bytes `results.runs` would give), each tagged with its sweep."""
-    from ablate import results
-
-    import pandas as pd
+    from ablate.results.frames import write_runs_csv
 
     by_sweep: dict[str, list[Any]] = {name: [] for name in sweeps}
     for v in views:
         by_sweep[v.sweep].append(v.row)
-    results.to_csv(pd.concat([results.runs_of(rows, name) for name, rows in by_sweep.items()]), path)
+    write_runs_csv(by_sweep, path)
     return path
 
 

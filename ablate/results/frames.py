@@ -25,20 +25,55 @@ def runs(sweep: str | None = None, url: str | None = None):
 def runs_of(rows: list[Any], sweep: str):
     """The DataFrame `runs(sweep)` reads, from the sweep's runs already in memory (rows of the runs table, or Runs) (a report has loaded every
     run: reading 100,000 again, their JSON parsed again, cost 6 CPU-s): the same columns, order and types."""
+    rows = sorted(rows, key=lambda r: r.id)
+    frame = _frame(rows, sweep)
+    for key, values in _varying(rows, frame.columns).items():
+        frame[key] = values
+    return frame
+
+
+def write_runs_csv(by_sweep: dict[str, list[Any]], path: Any) -> None:
+    """runs.csv of sweeps' runs already in memory: the file `to_csv` writes of their `runs_of` frames one after
+    the other, made CSV_CHUNK rows at a time (the frame of 100,000 runs at once held 100 MB more). Each sweep's
+    varying config fields are columns with their type over the whole sweep, as `runs_of` makes them (an integer
+    field NULL in some run is float everywhere), and a column another sweep lacks is empty in its rows."""
     import pandas as pd
 
+    sweeps, columns = [], [*(name for name, _ in _keys()), "sweep"]
+    for name, rows in by_sweep.items():
+        rows = sorted(rows, key=lambda r: r.id)
+        varying = pd.DataFrame(_varying(rows, columns))
+        columns += [key for key in varying if key not in columns]
+        sweeps.append((name, rows, varying))
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        for i, (name, rows, varying) in enumerate(sweeps):
+            for start in range(0, max(len(rows), 1), CSV_CHUNK):
+                part = _frame(rows[start:start + CSV_CHUNK], name)
+                for key in varying:
+                    part[key] = varying[key].to_numpy()[start:start + CSV_CHUNK]
+                _write_part(part.reindex(columns=columns), f, header=i == 0 and start == 0)
+
+
+def _keys() -> list[tuple[str, str]]:
+    """The runs table's columns, each with the ORM attribute that holds it."""
     mapper = sa.inspect(store.Run)
-    keys = [(column.name, mapper.get_property_by_column(column).key) for column in store.Run.__table__.columns]
+    return [(column.name, mapper.get_property_by_column(column).key) for column in store.Run.__table__.columns]
+
+
+def _frame(rows: list[Any], sweep: str) -> Any:
+    """The runs' columns and their sweep's name, integers kept (rows sorted by id)."""
+    import pandas as pd
+
+    keys = _keys()
     names = tuple(name for name, _ in keys)
     records = []
     table_rows: dict[Any, bool] = {}  # per result a row came from (its _fields: 2.5 µs a call)
-    for run in sorted(rows, key=lambda r: r.id):
+    for run in rows:
         if isinstance(run, sa.Row) and table_rows.setdefault(run._parent, run._fields == names):
             records.append((*run, sweep))  # a row of the runs table (load_views): its values
         else:  # an ORM Run
             records.append((*(getattr(run, key) for _, key in keys), sweep))
-    return _with_varying(_integers(pd.DataFrame.from_records(records, columns=[*(name for name, _ in keys), "sweep"],
-                                                             coerce_float=True)))
+    return _integers(pd.DataFrame.from_records(records, columns=[*names, "sweep"], coerce_float=True))
 
 
 def _with_varying(frame: Any) -> Any:
@@ -46,16 +81,23 @@ def _with_varying(frame: Any) -> Any:
     budget.steps, ...): what tells their configurations apart, beside the axes the run table keeps."""
     import json
 
+    if "config" in frame and not frame.empty:
+        configs = [json.loads(c) if isinstance(c, str) else c for c in frame["config"]]
+        for key, values in _varying_of(configs, frame.columns).items():
+            frame[key] = values
+    return frame
+
+
+def _varying(rows: list[Any], columns: Any) -> dict[str, list[Any]]:
+    return _varying_of([r.config for r in rows], columns) if rows else {}
+
+
+def _varying_of(configs: list[Any], columns: Any) -> dict[str, list[Any]]:
+    """Each config field that differs between `configs` and is not among `columns`: its value in every run."""
     from ablate.config.trial import fields_that_differ
 
-    if "config" not in frame or frame.empty:
-        return frame
-    varying, flats = fields_that_differ([json.loads(c) if isinstance(c, str) else c for c in frame["config"]],
-                                        skip=("seed", "options", "objective_options"))
-    for key in varying:
-        if key not in frame:
-            frame[key] = [flat.get(key) for flat in flats]
-    return frame
+    varying, flats = fields_that_differ(configs, skip=("seed", "options", "objective_options"))
+    return {key: [flat.get(key) for flat in flats] for key in varying if key not in columns}
 
 
 def _integers(frame: Any) -> Any:
@@ -77,16 +119,21 @@ CSV_CHUNK = 10_000  # rows whose JSON columns are text at one time (100,000 runs
 def to_csv(frame: Any, path: Any) -> None:
     """A DataFrame as csv whose JSON columns (config, options, ...) are JSON text that json.loads reads back;
     written CSV_CHUNK rows at a time (pandas formats its own chunks of a few thousand rows apart anyway)."""
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        for start in range(0, max(len(frame), 1), CSV_CHUNK):
+            _write_part(frame.iloc[start:start + CSV_CHUNK].copy(), f, header=start == 0)
+
+
+def _write_part(part: Any, f: Any, header: bool) -> None:
+    """Rows of a runs frame (its own: its JSON columns become text) as csv into the open file `f`."""
     import orjson
 
     as_text = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
-    json_columns = [c.name for c in store.Run.__table__.columns if isinstance(c.type, sa.JSON) and c.name in frame]
-    with open(path, "w", encoding="utf-8", newline="") as f:
-        for start in range(0, max(len(frame), 1), CSV_CHUNK):
-            part = frame.iloc[start:start + CSV_CHUNK].copy()
-            for name in json_columns:
-                part[name] = [None if v is None else orjson.dumps(v, option=as_text).decode() for v in part[name]]
-            part.to_csv(f, index=False, lineterminator="\n", header=start == 0)
+    for column in store.Run.__table__.columns:
+        if isinstance(column.type, sa.JSON) and column.name in part:
+            part[column.name] = [None if v is None else orjson.dumps(v, option=as_text).decode()
+                                 for v in part[column.name]]
+    part.to_csv(f, index=False, lineterminator="\n", header=header)
 
 
 def metrics(run_ids: list[int] | None = None, sweep: str | None = None, url: str | None = None):

@@ -38,15 +38,16 @@ def load_views(engine: sa.Engine, sweep: str) -> tuple[SweepSpec, list[RunView]]
     # 100,000 runs' fields millions of times); a Row reads by the column names, which are the ORM's attribute names.
     # All at once: rows fetched in chunks (yield_per) held 300 MB less, but lay scattered in memory, and every later
     # pass over the runs read them up to 2x slower
+    shared = _Shared()
+    table = store.Run.__table__
+    columns = [shared.column(c) if c.name in ("config", "library_versions") else c for c in table.columns]
     with engine.connect() as conn:
-        runs = conn.execute(sa.select(store.Run.__table__).where(store.Run.sweep_id == row.id)
+        runs = conn.execute(sa.select(*columns).where(store.Run.sweep_id == row.id)
                             .order_by(store.Run.trial_index)).all()
     views = []
-    validated: dict[bytes, tuple[TrialConfig, dict[str, Any], dict[str, Any]]] = {}
-    versions: dict[bytes, dict[str, Any]] = {}
+    validated: dict[bytes, tuple[TrialConfig, dict[str, Any]]] = {}
     for r in runs:
-        trial, axes = _trial(r.config, validated)
-        _share(r.library_versions, versions)
+        trial, axes = _trial(r.config, shared.keys.pop(id(r.config)), validated)
         matching = [ref for ref in spec.reference if ref.matches_axes(axes)]
         ref = max(matching, key=lambda x: len(x.match)) if matching else None
         views.append(RunView(row=r, axes=axes, reference=ref, trial=trial, sweep=sweep))
@@ -55,38 +56,78 @@ def load_views(engine: sa.Engine, sweep: str) -> tuple[SweepSpec, list[RunView]]
     return spec, views
 
 
-def _trial(config: dict[str, Any], validated: dict[bytes, tuple[TrialConfig, dict[str, Any], dict[str, Any]]]
+def _trial(config: dict[str, Any], key: bytes, validated: dict[bytes, tuple[TrialConfig, dict[str, Any]]]
            ) -> tuple[TrialConfig, dict[str, Any]]:
     """A run's trial and axes, validated once per configuration (100,000 runs are a few hundred configurations
     and their seeds; validating each cost 0.3 ms). The seeds of a configuration share its TrialConfig (a copy per
-    run cost 2 CPU-s at 100,000 runs): its seed is the first one's; the run's own is in its axes. Their stored
-    configs, equal but for the seed, hold the first one's values (one dataset dict, not one per run)."""
-    import orjson
-
-    key = orjson.dumps({k: v for k, v in config.items() if k != "seed"}, option=orjson.OPT_SORT_KEYS)
+    run cost 2 CPU-s at 100,000 runs): its seed is the first one's; the run's own is in its axes."""
     if key not in validated:
         trial = TrialConfig.model_validate(config)
-        validated[key] = (trial, trial.axes(), config)
-    trial, axes, first = validated[key]
-    seed = config.get("seed", 0)
-    if first is not config:
-        given = "seed" in config
-        config.update(first)  # equal values (the key says so: JSON tells 1 from 1.0 and true), held once
-        if given:
-            config["seed"] = seed
-        else:
-            config.pop("seed", None)
-    return trial, {**axes, "seed": seed}
+        validated[key] = (trial, trial.axes())
+    trial, axes = validated[key]
+    return trial, {**axes, "seed": config.get("seed", 0)}
 
 
-def _share(value: Any, seen: dict[bytes, dict[str, Any]]) -> None:
-    """A dict equal to one seen before (every run's library versions) holds that one's values, not its own."""
-    import orjson
+class _Shared:
+    """The runs' JSON columns read as text and parsed as SQLAlchemy makes each row, each holding the values of an
+    equal one before it: a configuration's seeds, equal but for the seed, hold the first one's values (one dataset
+    dict, not one per run), every run's library versions those of the first run with the same. Shared as each row
+    is parsed, the copies are freed at once and their memory taken by the next row's (shared after every row was
+    parsed, they left holes among the rows; at 100,000 runs, 80 MB more held and later passes slower). These rows
+    are for reading: a shared value must not be mutated. `keys`: each config's configuration (its JSON without
+    the seed), by the config's id, for as long as the rows hold them."""
 
-    if isinstance(value, dict) and value:
-        first = seen.setdefault(orjson.dumps(value, option=orjson.OPT_SORT_KEYS), value)
-        if first is not value:
-            value.update(first)
+    def __init__(self) -> None:
+        self.firsts: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
+        self.versions: dict[bytes, dict[str, Any]] = {}
+        self.keys: dict[int, bytes] = {}
+
+    def column(self, column: sa.Column) -> Any:
+        kind = _SharedJSON(self.config if column.name == "config" else self.library_versions)
+        return sa.type_coerce(sa.cast(column, sa.Text), kind).label(column.name)
+
+    def config(self, config: Any) -> Any:
+        import orjson
+
+        if not isinstance(config, dict):
+            return config
+        key = orjson.dumps({k: v for k, v in config.items() if k != "seed"}, option=orjson.OPT_SORT_KEYS)
+        key, first = self.firsts.setdefault(key, (key, config))  # its first key: each dump held 10 KB of memory
+        if first is not config:
+            given, seed = "seed" in config, config.get("seed")
+            config.update(first)  # equal values (the key says so: JSON tells 1 from 1.0 and true), held once
+            if given:
+                config["seed"] = seed
+            else:
+                config.pop("seed", None)
+        self.keys[id(config)] = key
+        return config
+
+    def library_versions(self, value: Any) -> Any:
+        import orjson
+
+        if isinstance(value, dict) and value:
+            first = self.versions.setdefault(orjson.dumps(value, option=orjson.OPT_SORT_KEYS), value)
+            if first is not value:
+                value.update(first)
+        return value
+
+
+class _SharedJSON(sa.types.TypeDecorator):
+    """A JSON column cast to text, parsed (as the engine's own JSON is: orjson, Python's json for NaN) and passed
+    to `share` row by row."""
+
+    impl = sa.Text
+    cache_ok = False  # each load's own memo
+
+    def __init__(self, share: Any) -> None:
+        super().__init__()
+        self.share = share
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> Any:
+        from ablate.store.engine import json_loads
+
+        return None if value is None else self.share(json_loads(value))
 
 
 def with_every_varying_field(views: list[RunView]) -> None:

@@ -217,12 +217,16 @@ def test_the_reports_runs_csv_from_its_loaded_runs_is_the_csv_results_runs_write
     engine = store.connect(url)
     store.update_run(engine, ids[0], notes={"meters": {"eval": 1.5}, "oom_shrink": [{"step": 3}]}, status="oom",
                   error="out of memory, \"quoted\"\nsecond line", finished_at=None)
+    with engine.begin() as conn:  # a config field that varies, NULL in most runs: a float column (100.0), also in
+        for rid in ids[-2:]:  # a chunk of 3 rows where every run has it (8 runs: the last two)
+            config = conn.execute(sa.select(store.Run.config).where(store.Run.id == rid)).scalar_one()
+            conn.execute(sa.update(store.Run).where(store.Run.id == rid).values(config={**config, "warmup_steps": 100}))
     _, views = load_views(store.reader(url), "same")
     read, loaded = tmp_path / "read.csv", tmp_path / "loaded.csv"
     results.to_csv(results.runs("same", url), read)
     results.to_csv(results.runs_of([v.row for v in views], "same"), loaded)
     assert loaded.read_bytes() == read.read_bytes()
-    assert len(read.read_text().splitlines()) > len(ids)  # a quoted error spans two lines
+    assert len(ids) == 8 and len(read.read_text().splitlines()) > len(ids)  # a quoted error spans two lines
     # written a few rows at a time (10,000 in a report), the file is the one pandas writes of the whole frame
     monkeypatch.setattr(results.frames, "CSV_CHUNK", 3)
     chunked = tmp_path / "chunked.csv"
@@ -231,3 +235,37 @@ def test_the_reports_runs_csv_from_its_loaded_runs_is_the_csv_results_runs_write
     for name in ("config", "options", "library_versions", "notes"):
         whole[name] = [None if v is None else json.dumps(v, sort_keys=True, separators=(",", ":")) for v in whole[name]]
     assert chunked.read_bytes() == read.read_bytes() == whole.to_csv(index=False, lineterminator="\n").encode()
+    # and the report's runs.csv, made a few rows at a time from the loaded runs, is that file too
+    made = tmp_path / "made.csv"
+    results.frames.write_runs_csv({"same": [v.row for v in reversed(views)]}, made)
+    assert made.read_bytes() == read.read_bytes() and ",100.0," in made.read_text()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_loaded_runs_hold_their_stored_json_with_a_configurations_values_shared_by_its_seeds(tmp_path, backend,
+                                                                                            request):
+    # load_views parses each run's config and library versions as its row is made, a seed's config holding the
+    # values of its configuration's first run: every config and version dict equals what the database holds
+    url = request.getfixturevalue(f"{backend}_url") if backend == "postgres" else None
+    url, ids = fake_sweep(tmp_path, "seeded", grid([32, 64], [1e-3], 3), points=8, url=url)
+    engine = store.connect(url)
+    versions = {"torch": "2.13.0", "ablate": "0.1"}
+    for rid in ids:
+        store.update_run(engine, rid, library_versions={**versions, "run": rid % 2})
+    _, views = load_views(store.reader(url), "seeded")
+    with sa.orm.Session(engine) as s:
+        stored = {r.id: (r.config, r.library_versions) for r in s.scalars(sa.select(store.Run))}
+    assert sorted(v.row.id for v in views) == sorted(ids)
+    for v in views:
+        config, library = stored[v.row.id]
+        assert v.row.config == config and v.row.config["seed"] == v.axes["seed"]
+        assert v.row.library_versions == library
+    by_configuration: dict[tuple, list] = {}
+    for v in views:
+        by_configuration.setdefault((v.axes["architecture"], v.axes["d_model"]), []).append(v.row)
+    assert sorted(len(rows) for rows in by_configuration.values()) == [3, 3, 3, 3]
+    for first, *others in by_configuration.values():
+        for other in others:
+            assert other.config["dataset"] is first.config["dataset"] and other.config["seed"] != first.config["seed"]
+    odd = [v.row.library_versions for v in views if v.row.id % 2]
+    assert all(o["torch"] is odd[0]["torch"] for o in odd) and len({id(o) for o in odd}) == len(odd)
