@@ -14,9 +14,11 @@ run --watch` exits non-zero), Cancelled when it was cancelled, else Completed.
 from __future__ import annotations
 
 import inspect
+import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import sqlalchemy as sa
 from prefect import flow, get_run_logger
 from prefect.states import Cancelled
 
@@ -167,7 +169,30 @@ def _sweep(log: Any, registered: runner.Registration, opts: LaunchOptions, gpu_s
             return _run_here(registered.gpus, ids, opts, gpu_slots, engine)
 
         _race(log, engine, name, done, run, retry_failed)
+    keep_study_for_dashboard(log, engine, name)
     return _final(done, engine, name)
+
+
+def keep_study_for_dashboard(log: Any, engine: Any, name: str) -> None:
+    """A big sweep's study computed once and kept for the dashboard (results/study.py), unless the user stopped the
+    sweep; a failure to keep it is said, and is never the sweep's."""
+    from ablate.results.study import KEEP_RUNS, study, study_code, study_key
+
+    sweep_id = runner.sweep_id(engine, name)
+    with engine.connect() as conn:
+        runs = conn.execute(sa.select(sa.func.count()).where(store.Run.sweep_id == sweep_id)).scalar() or 0
+    if runs < KEEP_RUNS or runner.STOP.is_set():
+        return
+    try:
+        key = study_key(engine, sweep_id)  # read first: a run that finishes meanwhile makes it stale, never wrong
+        payload = json.dumps(study(engine, name))
+        kept = store.keep_study(engine, sweep_id, key, study_code(), payload)
+    except Exception as exc:  # noqa: BLE001 - derived data: the dashboard computes it instead
+        log.warning("sweep %s: its study was not kept for the dashboard (%s: %s); the dashboard computes it",
+                    name, type(exc).__name__, (str(exc).splitlines() or [""])[0][:300])
+        return
+    log.info("sweep %s: its study kept for the dashboard (%s runs, %s bytes)%s", name, f"{runs:,}",
+             f"{len(payload):,}", "" if kept else ", by another runner at the same moment")
 
 
 def _race(log: Any, engine: Any, name: str, done: Any, run: Any, retry_failed: bool) -> None:

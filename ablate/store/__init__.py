@@ -67,15 +67,16 @@ from ablate.store.register import (
     run_row,
 )
 from ablate.store.race import read_decisions, record_decisions
-from ablate.store.schema import (FINISHED, OWED_UNSTARTED, RUN_STATUSES, Base, Meta, Metric, RaceDecision, Run, Sweep,
-                                 utcnow)
+from ablate.store.study import keep_study
+from ablate.store.schema import (FINISHED, OWED_UNSTARTED, RUN_STATUSES, Base, Meta, Metric, RaceDecision, Run,
+                                 StudyCache, Sweep, utcnow)
 
 __all__ = [
     "DEFAULT_URL", "FINISHED", "OWED_UNSTARTED", "OWN_TABLES", "PluginRecords", "READER_ROLE",
-    "RUN_STATUSES", "SCHEMA_HEAD", "VERSION_TABLE", "Base", "Meta", "Metric", "RaceDecision", "Run", "Sweep",
+    "RUN_STATUSES", "SCHEMA_HEAD", "VERSION_TABLE", "Base", "Meta", "Metric", "RaceDecision", "Run", "StudyCache", "Sweep",
     "analyze", "claim_run", "close_engines", "code_version", "connect", "copy_rows", "current_revision",
     "database_id", "describe_url", "drop_stale_runs", "explain", "get_run", "grant_reader", "head_revision", "heartbeat",
-    "heartbeat_seconds", "is_live",
+    "heartbeat_seconds", "is_live", "keep_study",
     "library_versions", "make_engine", "new_claimant", "pid_alive", "read_decisions", "reader", "record_decisions", "redact",
     "register_sweep", "resolve_url", "run_row", "session_factory", "stale_before", "stale_seconds", "stored_revision",
     "sweep_named",

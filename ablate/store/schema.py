@@ -173,6 +173,19 @@ class RaceDecision(Base):
     decided_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
+class StudyCache(Base):
+    """A sweep's study (the dashboard's tables, claims and race: ablate/results/study.py) as it stood at `key`,
+    computed by `code`: kept by the runner at a big sweep's end, so a dashboard, which only reads, shows it at
+    once. Derived data: a different key or code computes it again."""
+
+    __tablename__ = "study_cache"
+    sweep_id: Mapped[int] = mapped_column(sa.ForeignKey("sweeps.id"), primary_key=True)
+    key: Mapped[str] = mapped_column(sa.Text)  # the sweep's finished runs, spec and race decisions, as one text
+    code: Mapped[str] = mapped_column(sa.String(64))  # the code_version that computed it
+    payload: Mapped[str] = mapped_column(sa.Text)  # the study as JSON
+    computed_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
 class Meta(Base):
     """Facts about the database itself: `db_id`, the identity that keys its runs' artifacts."""
 

@@ -29,7 +29,7 @@ MAX_SERIES = 40  # curves per chart: the first ones the table's filter and sort 
 MAX_COMPARE = 8  # runs one comparison shows side by side
 MAX_CURVE_RUNS = 1000  # runs whose points one chart reads (10,000 runs x 20 eval points: ~1 CPU-s; this ~0.1)
 SAMPLE_MODELS, MAX_SAMPLE_TOKENS, MAX_PROMPT = 2, 256, 1000  # models kept loaded; a sample's bounds
-STUDY_EVERY = 30.0  # seconds: the study (the report's tables and tests, ~1.7 CPU-s at 10,000 runs) is read at most this often
+STUDY_EVERY = 30.0  # seconds: a study computed here (~1.7 CPU-s at 10,000 runs) is read at most this often
 COOKIE = "ablate_ui_token"
 HEADERS = {"Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
                                       "img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
@@ -228,9 +228,13 @@ class Dashboard:
         return [row["run"], *(i for i in same if i != row["run"])]
 
     def study(self, sweep: str) -> dict[str, Any]:
+        """The study the runner kept at the sweep's end, if it is still the sweep's; else computed here."""
+        from ablate.results.study import read_study
+
         row = live.sweep_row(self.engine, sweep)
         _, finished = live.change_tokens(self.engine, row.id)
-        return self.cache.get("study", row.id, finished, lambda: reads.study(self.engine, row.name), every=STUDY_EVERY)
+        return self.cache.get("study", row.id, finished, lambda: read_study(self.engine, row.id, row.name),
+                              every=STUDY_EVERY)
 
     def run(self, run_id: int) -> dict[str, Any]:
         run_id = _run_id(run_id)

@@ -1,5 +1,5 @@
-"""What the dashboard's study and run pages read: the report's comparison tables, claims and race (by the report's
-own code), and one run's row, error and log tail."""
+"""What the dashboard's run page reads: one run's row, error and log tail (the study page reads
+ablate/results/study.py)."""
 
 from __future__ import annotations
 
@@ -12,36 +12,6 @@ from ablate import store
 from ablate.config.errors import AblateError
 
 LOG_TAIL = 200  # lines of a run's log on its page
-
-
-def study(engine: sa.Engine, sweep: str) -> dict[str, Any]:
-    """The report's comparison tables and its claims table, by the report's own code."""
-    from ablate.config.units import parse_at
-    from ablate.report.tables import layout_tables
-    from ablate.report.race import apply_race, read_race
-    from ablate.report.verdicts import verdict_table
-    from ablate.results.equal import read_runs_at
-    from ablate.results.orderings import check_claims
-    from ablate.results.views import load_views
-
-    spec, views = load_views(engine, sweep)
-    views = read_runs_at(engine, views, parse_at(spec.report.at))
-    claims = check_claims(spec, views)
-    race, raced = read_race(engine, spec, views)
-    apply_race(claims, raced)
-    table = verdict_table(spec, claims, raced)
-    verdicts: dict[str, int] = {}
-    for c in claims.cells:
-        verdicts[c.verdict] = verdicts.get(c.verdict, 0) + 1
-    return {"tables": [{"title": t.title, "columns": t.columns, "rows": [[label, *cells] for label, cells in t.rows],
-                        "notes": t.notes} for t in layout_tables(spec, views, claims.floor)],
-            "claims": None if table is None else {"head": list(table.head), "rows": table.rows,
-                                                  "statements": table.statements, "method": table.method,
-                                                  "floor": table.floor},
-            "verdicts": verdicts,
-            "race": None if race is None else {"head": list(race.head), "rows": race.rows, "spent": race.spent,
-                                               "method": race.method},
-            "read_at": store.utcnow().isoformat(" ", "seconds") + " UTC"}
 
 
 def run(engine: sa.Engine, run_id: int, artifacts: Path | None) -> dict[str, Any]:

@@ -115,9 +115,9 @@ def test_sql_error_is_reported(sqlite_url, capsys):
 
 def test_db_upgrade_and_current(sqlite_url, capsys):
     assert main(["db", "upgrade", "--db", sqlite_url]) == 0
-    assert "-> 0013" in capsys.readouterr().out
+    assert "-> 0014" in capsys.readouterr().out
     assert main(["db", "current", "--db", sqlite_url]) == 0
-    assert "schema 0013" in capsys.readouterr().out
+    assert "schema 0014" in capsys.readouterr().out
 
 
 def test_dead_database_error_from_the_cli(capsys):

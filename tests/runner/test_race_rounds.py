@@ -102,7 +102,7 @@ def test_a_compute_cap_ends_the_race_and_says_so(tmp_path, sqlite_url):
 
 def test_the_reports_and_the_dashboards_claims_read_the_race(tmp_path, sqlite_url):
     from ablate.report import build_report
-    from ablate.ui.reads import study as _study
+    from ablate.results.study import study as _study
 
     register(tmp_path, sqlite_url)
     train(sqlite_url)

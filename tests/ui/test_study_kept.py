@@ -1,0 +1,110 @@
+"""The study a sweep flow keeps at a big sweep's end (results/study.py, store.keep_study): a dashboard shows it while
+the sweep is as it was kept, and computes the study itself once a run finishes, fails or the code differs. On SQLite
+and on the real PostgreSQL server."""
+
+from __future__ import annotations
+
+import json
+
+from ablate import runner, store
+from ablate.results import study as st
+from tests.ui.conftest import build
+
+
+def keep(url: str, sweep: str, marker: str) -> dict:
+    """Keep the sweep's study as the flow does, its read_at set to `marker` (to tell the kept one from one computed)."""
+    engine = store.connect(url)
+    sweep_id = store.sweep_named(engine, sweep, store.Sweep.id).id
+    key = st.study_key(engine, sweep_id)
+    kept = {**st.study(engine, sweep), "read_at": marker}
+    assert store.keep_study(engine, sweep_id, key, st.study_code(), json.dumps(kept))
+    return kept
+
+
+def shown(url: str) -> dict:
+    """What a fresh dashboard (nothing in its memory) shows as the study of `widths`."""
+    from ablate.ui.app import Dashboard
+
+    return Dashboard(store.reader(url), None).study("widths")
+
+
+def test_a_dashboard_shows_the_kept_study_until_a_run_finishes(db_url, tmp_path):
+    db = build(db_url, tmp_path)
+    kept = keep(db_url, "widths", "kept")
+    assert shown(db_url) == kept  # the kept one, as it was kept (JSON and back)
+    computed = shown(db_url)
+    assert {k: v for k, v in computed.items() if k != "read_at"} == {k: v for k, v in kept.items() if k != "read_at"}
+
+    running = db["ids"][-1]  # the run still training finishes: the kept study is no longer the sweep's
+    store.update_run(store.connect(db_url), running, status="completed", final_eval_loss=1.5)
+    now = shown(db_url)
+    assert now["read_at"] != "kept" and now != kept
+
+    keep(db_url, "widths", "kept again")  # kept again: shown again; a second keep replaced the first
+    assert shown(db_url)["read_at"] == "kept again"
+    with store.connect(db_url).connect() as conn:
+        assert len(conn.execute(store.StudyCache.__table__.select()).all()) == 1
+
+
+def test_a_study_kept_by_other_code_or_before_a_run_failed_is_computed_again(db_url, tmp_path):
+    db = build(db_url, tmp_path)
+    engine = store.connect(db_url)
+    keep(db_url, "widths", "kept")
+    with engine.begin() as conn:
+        conn.execute(store.StudyCache.__table__.update().values(code="0123abcd4567"))
+    assert shown(db_url)["read_at"] != "kept"
+
+    keep(db_url, "widths", "kept")
+    sweep_id = store.sweep_named(engine, "widths", store.Sweep.id).id
+    before = st.study_key(engine, sweep_id)
+    store.update_run(engine, db["ids"][-1], status="failed", error="RuntimeError: gone")  # no finish time, no loss
+    assert st.study_key(engine, sweep_id) != before
+    assert shown(db_url)["read_at"] != "kept"
+
+
+class Said:
+    """The flow's logger, as lines (Prefect's logging configuration keeps records from pytest's caplog)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, message: str, *args: object) -> None:
+        self.lines.append(message % args)
+
+    warning = info
+
+
+def test_the_sweep_flow_keeps_a_big_sweeps_study_and_says_why_when_it_cannot(sqlite_url, tmp_path, monkeypatch):
+    from flows import sweep as flow
+
+    build(sqlite_url, tmp_path)
+    engine = store.connect(sqlite_url)
+    log = Said()
+    flow.keep_study_for_dashboard(log, engine, "widths")  # 8 runs: below KEEP_RUNS, nothing kept
+    with engine.connect() as conn:
+        assert conn.execute(store.StudyCache.__table__.select()).first() is None
+
+    monkeypatch.setattr(st, "KEEP_RUNS", 8)
+    runner.STOP.set()  # a sweep the user stopped exits at once: nothing computed
+    try:
+        flow.keep_study_for_dashboard(log, engine, "widths")
+    finally:
+        runner.STOP.clear()
+    with engine.connect() as conn:
+        assert conn.execute(store.StudyCache.__table__.select()).first() is None
+
+    def broken(*_):
+        raise ValueError("no study today")
+
+    with monkeypatch.context() as m:
+        m.setattr(st, "study", broken)
+        flow.keep_study_for_dashboard(log, engine, "widths")
+    assert log.lines == ["sweep widths: its study was not kept for the dashboard (ValueError: no study today); the "
+                         "dashboard computes it"]
+
+    flow.keep_study_for_dashboard(log, engine, "widths")
+    assert log.lines[-1].startswith("sweep widths: its study kept for the dashboard (8 runs, ")
+    row = engine.connect().execute(store.StudyCache.__table__.select()).one()
+    computed = json.loads(json.dumps(st.study(engine, "widths")))
+    assert row.code == st.study_code() and json.loads(row.payload)["tables"] == computed["tables"]
+    assert shown(sqlite_url)["read_at"] == json.loads(row.payload)["read_at"]
