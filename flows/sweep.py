@@ -178,12 +178,14 @@ def keep_study_for_dashboard(log: Any, engine: Any, name: str) -> None:
     sweep; a failure to keep it is said, and is never the sweep's."""
     from ablate.results.study import KEEP_RUNS, study, study_code, study_key
 
-    sweep_id = runner.sweep_id(engine, name)
-    with engine.connect() as conn:
-        runs = conn.execute(sa.select(sa.func.count()).where(store.Run.sweep_id == sweep_id)).scalar() or 0
-    if runs < KEEP_RUNS or runner.STOP.is_set():
+    if runner.STOP.is_set():
         return
     try:
+        sweep_id = runner.sweep_id(engine, name)
+        with engine.connect() as conn:
+            runs = conn.execute(sa.select(sa.func.count()).where(store.Run.sweep_id == sweep_id)).scalar() or 0
+        if runs < KEEP_RUNS:
+            return
         key = study_key(engine, sweep_id)  # read first: a run that finishes meanwhile makes it stale, never wrong
         payload = json.dumps(study(engine, name))
         kept = store.keep_study(engine, sweep_id, key, study_code(), payload)
