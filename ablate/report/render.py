@@ -32,7 +32,8 @@ from ablate.report.views import long_lived
 from ablate.config.units import parse_at
 from ablate.results.equal import read_runs_at
 from ablate.results.laws import Laws, fit_laws
-from ablate.results.orderings import Claims, check_claims, claims_frame, noise_floor
+from ablate.results.csvtext import write_records_csv
+from ablate.results.orderings import CLAIM_COLUMNS, Claims, check_claims, claim_rows, noise_floor
 from ablate.results.views import RunView, load_views
 
 FORMATS = ("md", "html", "png", "svg", "csv")  # the default; "points" adds each table's every point (curves-*.csv)
@@ -189,7 +190,7 @@ def _write_files(page: Page, laws: Laws, figures: Figures, stored: list[RunView]
         files.append(_write_runs_csv(stored, sweeps, out / "runs.csv"))
         files.append(write_tables_csv(tables, out / "tables.csv"))
         if page.claims.cells:
-            claims_frame(page.claims).to_csv(out / "claims.csv", index=False, lineterminator="\n")
+            write_records_csv(claim_rows(page.claims), CLAIM_COLUMNS, out / "claims.csv")
             files.append(out / "claims.csv")
         if laws.laws:
             files.append(write_scaling_csv(laws, out / "scaling.csv"))
@@ -303,7 +304,7 @@ def _write(path: Path, text: str) -> Path:
 
 def _write_runs_csv(views: list[RunView], sweeps: list[str], path: Path) -> Path:
     """runs.csv from the runs already loaded (the bytes `results.runs` would give), each tagged with its sweep."""
-    from ablate.results.frames import write_runs_csv
+    from ablate.results.csvtext import write_runs_csv
 
     by_sweep: dict[str, list[Any]] = {name: [] for name in sweeps}
     for v in views:

@@ -3,7 +3,8 @@
     sql.py       read_only_query: `ablate sql`, bounded in time, rows and bytes, through a read-only login
     sqlguard.py  the statement check in front of it: one SELECT over the readable tables, no functions that
                  read files or the server's state
-    frames.py    runs(), metrics(), claims(), runs_of(), to_csv(): DataFrames for notebooks and the report
+    frames.py    runs(), metrics(), claims(), runs_of(), to_csv(): DataFrames for notebooks
+    csvtext.py   runs.csv and claims.csv of a report written as pandas would, without importing it
     views.py     RunView, load_views: runs with their axes and published numbers, as the report reads them
     cells.py     what a cell is: one configuration (every field the sweep's trials differ in), its seeds, what it
                  left out and why

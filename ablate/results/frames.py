@@ -7,6 +7,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ablate import store
+from ablate.results import csvtext
 
 
 def runs(sweep: str | None = None, url: str | None = None):
@@ -27,53 +28,17 @@ def runs_of(rows: list[Any], sweep: str):
     run: reading 100,000 again, their JSON parsed again, cost 6 CPU-s): the same columns, order and types."""
     rows = sorted(rows, key=lambda r: r.id)
     frame = _frame(rows, sweep)
-    for key, values in _varying(rows, frame.columns).items():
+    for key, values in csvtext.varying_fields(rows, frame.columns).items():
         frame[key] = values
     return frame
-
-
-def write_runs_csv(by_sweep: dict[str, list[Any]], path: Any) -> None:
-    """runs.csv of sweeps' runs already in memory: the file `to_csv` writes of their `runs_of` frames one after
-    the other, made CSV_CHUNK rows at a time (the frame of 100,000 runs at once held 100 MB more). Each sweep's
-    varying config fields are columns with their type over the whole sweep, as `runs_of` makes them (an integer
-    field NULL in some run is float everywhere), and a column another sweep lacks is empty in its rows."""
-    import pandas as pd
-
-    sweeps, columns = [], [*(name for name, _ in _keys()), "sweep"]
-    for name, rows in by_sweep.items():
-        rows = sorted(rows, key=lambda r: r.id)
-        varying = pd.DataFrame(_varying(rows, columns))
-        columns += [key for key in varying if key not in columns]
-        sweeps.append((name, rows, varying))
-    with open(path, "w", encoding="utf-8", newline="") as f:
-        for i, (name, rows, varying) in enumerate(sweeps):
-            for start in range(0, max(len(rows), 1), CSV_CHUNK):
-                part = _frame(rows[start:start + CSV_CHUNK], name)
-                for key in varying:
-                    part[key] = varying[key].to_numpy()[start:start + CSV_CHUNK]
-                _write_part(part.reindex(columns=columns), f, header=i == 0 and start == 0)
-
-
-def _keys() -> list[tuple[str, str]]:
-    """The runs table's columns, each with the ORM attribute that holds it."""
-    mapper = sa.inspect(store.Run)
-    return [(column.name, mapper.get_property_by_column(column).key) for column in store.Run.__table__.columns]
 
 
 def _frame(rows: list[Any], sweep: str) -> Any:
     """The runs' columns and their sweep's name, integers kept (rows sorted by id)."""
     import pandas as pd
 
-    keys = _keys()
-    names = tuple(name for name, _ in keys)
-    records = []
-    table_rows: dict[Any, bool] = {}  # per result a row came from (its _fields: 2.5 µs a call)
-    for run in rows:
-        if isinstance(run, sa.Row) and table_rows.setdefault(run._parent, run._fields == names):
-            records.append((*run, sweep))  # a row of the runs table (load_views): its values
-        else:  # an ORM Run
-            records.append((*(getattr(run, key) for _, key in keys), sweep))
-    return _integers(pd.DataFrame.from_records(records, columns=[*names, "sweep"], coerce_float=True))
+    columns = [*(name for name, _ in csvtext.table_keys()), "sweep"]
+    return _integers(pd.DataFrame.from_records(csvtext.records(rows, sweep), columns=columns, coerce_float=True))
 
 
 def _with_varying(frame: Any) -> Any:
@@ -83,21 +48,9 @@ def _with_varying(frame: Any) -> Any:
 
     if "config" in frame and not frame.empty:
         configs = [json.loads(c) if isinstance(c, str) else c for c in frame["config"]]
-        for key, values in _varying_of(configs, frame.columns).items():
+        for key, values in csvtext.varying_of(configs, frame.columns).items():
             frame[key] = values
     return frame
-
-
-def _varying(rows: list[Any], columns: Any) -> dict[str, list[Any]]:
-    return _varying_of([r.config for r in rows], columns) if rows else {}
-
-
-def _varying_of(configs: list[Any], columns: Any) -> dict[str, list[Any]]:
-    """Each config field that differs between `configs` and is not among `columns`: its value in every run."""
-    from ablate.config.trial import fields_that_differ
-
-    varying, flats = fields_that_differ(configs, skip=("seed", "options", "objective_options"))
-    return {key: [flat.get(key) for flat in flats] for key in varying if key not in columns}
 
 
 def _integers(frame: Any) -> Any:
@@ -113,15 +66,13 @@ def _sweep_id(engine: sa.Engine, name: str) -> int:
     return store.sweep_named(engine, name, store.Sweep.id).id
 
 
-CSV_CHUNK = 2_000  # rows made a frame, their JSON columns text, at one time (10,000 at once held 40 MB more)
-
-
 def to_csv(frame: Any, path: Any) -> None:
     """A DataFrame as csv whose JSON columns (config, options, ...) are JSON text that json.loads reads back;
-    written CSV_CHUNK rows at a time (pandas formats its own chunks of a few thousand rows apart anyway)."""
+    written csvtext.CSV_CHUNK rows at a time (pandas formats its own chunks of a few thousand rows apart anyway)."""
+    chunk = csvtext.CSV_CHUNK
     with open(path, "w", encoding="utf-8", newline="") as f:
-        for start in range(0, max(len(frame), 1), CSV_CHUNK):
-            _write_part(frame.iloc[start:start + CSV_CHUNK].copy(), f, header=start == 0)
+        for start in range(0, max(len(frame), 1), chunk):
+            _write_part(frame.iloc[start:start + chunk].copy(), f, header=start == 0)
 
 
 def _write_part(part: Any, f: Any, header: bool) -> None:

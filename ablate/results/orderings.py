@@ -209,13 +209,11 @@ def worst_text(cell: ClaimCell) -> str:
     return f"{k} diverged seed{'s' * (k > 1)} of {label} counted at {loss:.3f} (the comparison's worst finished loss)"
 
 
-def claims_frame(claims: Claims):
-    """One row per claim cell (pandas): both sides' means, intervals and n with what each left out, the effect and
+def claim_rows(claims: Claims) -> list[tuple[Any, ...]]:
+    """One row per claim cell: both sides' means, intervals and n with what each left out, the effect and
     its interval, the one-sided p in the claim's direction, the two-sided p the verdict reads and its Holm
-    adjustment, the verdict and the noise floor. claims.csv of a report; `ablate.results.claims`."""
+    adjustment, the verdict and the noise floor, as CLAIM_COLUMNS names them: claims.csv of a report."""
     import json
-
-    import pandas as pd
 
     rows = []
     for cell in claims.cells:
@@ -231,4 +229,11 @@ def claims_frame(claims: Claims):
                      *side["worse"], c.effect if c else None, c.low if c else None, c.high if c else None,
                      c.p if c else None, cell.test.p_two_sided if cell.test else None, cell.p_adjusted,
                      claims.tests, cell.verdict, worst_text(cell), cell.floor, cell.below_floor))
-    return pd.DataFrame.from_records(rows, columns=list(CLAIM_COLUMNS))
+    return rows
+
+
+def claims_frame(claims: Claims):
+    """claim_rows as a pandas DataFrame: `ablate.results.claims`."""
+    import pandas as pd
+
+    return pd.DataFrame.from_records(claim_rows(claims), columns=list(CLAIM_COLUMNS))

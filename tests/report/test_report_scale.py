@@ -228,7 +228,7 @@ def test_the_reports_runs_csv_from_its_loaded_runs_is_the_csv_results_runs_write
     assert loaded.read_bytes() == read.read_bytes()
     assert len(ids) == 8 and len(read.read_text().splitlines()) > len(ids)  # a quoted error spans two lines
     # written a few rows at a time (2,000 in a report), the file is the one pandas writes of the whole frame
-    monkeypatch.setattr(results.frames, "CSV_CHUNK", 3)
+    monkeypatch.setattr(results.csvtext, "CSV_CHUNK", 3)
     chunked = tmp_path / "chunked.csv"
     results.to_csv(results.runs("same", url), chunked)
     whole = results.runs("same", url)
@@ -237,7 +237,7 @@ def test_the_reports_runs_csv_from_its_loaded_runs_is_the_csv_results_runs_write
     assert chunked.read_bytes() == read.read_bytes() == whole.to_csv(index=False, lineterminator="\n").encode()
     # and the report's runs.csv, made a few rows at a time from the loaded runs, is that file too
     made = tmp_path / "made.csv"
-    results.frames.write_runs_csv({"same": [v.row for v in reversed(views)]}, made)
+    results.csvtext.write_runs_csv({"same": [v.row for v in reversed(views)]}, made)
     assert made.read_bytes() == read.read_bytes() and ",100.0," in made.read_text()
 
 
