@@ -270,3 +270,22 @@ def test_loaded_runs_hold_their_stored_json_with_a_configurations_values_shared_
             assert other.config["dataset"] is first.config["dataset"] and other.config["seed"] != first.config["seed"]
     for parity in (0, 1):  # equal versions: one dict
         assert len({id(v.row.library_versions) for v in views if v.row.id % 2 == parity}) == 1
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_runs_read_a_page_at_a_time_are_every_run_once_in_trial_order(tmp_path, backend, request, monkeypatch):
+    # load_views reads PAGE runs a query (the driver holds a whole result's text): pages of 3 over 16 runs, two of
+    # them sharing a trial index, give the runs that one page gives, in the same order
+    from ablate.results import views as views_module
+
+    url = request.getfixturevalue(f"{backend}_url") if backend == "postgres" else None
+    url, ids = fake_sweep(tmp_path, "paged", grid([32, 64], [1e-3, 2e-3], 2), points=8, url=url)
+    engine = store.connect(url)
+    with engine.begin() as conn:  # a trial index two runs hold: the page boundary falls between them
+        conn.execute(sa.update(store.Run).where(store.Run.id == ids[3]).values(trial_index=2))
+    _, whole = load_views(store.reader(url), "paged")
+    monkeypatch.setattr(views_module, "PAGE", 3)
+    _, paged = load_views(store.reader(url), "paged")
+    assert [v.row.id for v in paged] == [v.row.id for v in whole] and len(whole) == len(ids) == 16
+    assert [v.row.trial_index for v in paged] == sorted(v.row.trial_index for v in paged)
+    assert [v.row for v in paged] == [v.row for v in whole] and [v.axes for v in paged] == [v.axes for v in whole]
