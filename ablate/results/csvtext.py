@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -82,14 +81,15 @@ def records(rows: Iterable[Any], sweep: str) -> list[tuple[Any, ...]]:
 
 def cells(values: Sequence[Any]) -> list[str]:
     """A column's values as pandas writes the column it infers from them."""
-    present = [v for v in values if not _gap(v)]
+    gaps = [v is None or (type(v) is float and v != v) for v in values]  # what pandas writes empty: None, NaN
+    present = [v for v, gap in zip(values, gaps) if not gap]
     types = {type(v) for v in present}
     if types <= {int, float} and (float in types or len(present) < len(values)) and \
             all(INT64[0] <= v <= INT64[1] for v in present if type(v) is int):
-        return ["" if _gap(v) else repr(float(v)) for v in values]
+        return ["" if gap else repr(float(v)) for v, gap in zip(values, gaps)]
     if present and types == {dt.datetime} and not any(v.tzinfo for v in present):
         return _datetimes(values, present)
-    return ["" if _gap(v) else str(v) for v in values]
+    return ["" if gap else str(v) for v, gap in zip(values, gaps)]
 
 
 def varying_fields(rows: list[Any], columns: Any) -> dict[str, list[Any]]:
@@ -124,20 +124,16 @@ def _json_cells(values: Sequence[Any]) -> list[str]:
 
 def _datetimes(values: Sequence[Any], present: list[dt.datetime]) -> list[str]:
     """pandas' default: the date alone when every one is midnight, else seconds and the fraction the finest needs."""
+    values = [None if v is None or type(v) is float else v for v in values]  # a NaN in a datetime column: NaT
     if all(v.hour == v.minute == v.second == v.microsecond == 0 for v in present):
-        return ["" if _gap(v) else v.strftime("%Y-%m-%d") for v in values]
+        return ["" if v is None else v.strftime("%Y-%m-%d") for v in values]
     if any(v.microsecond % 1000 for v in present):
-        return ["" if _gap(v) else v.strftime("%Y-%m-%d %H:%M:%S.%f") for v in values]
+        return ["" if v is None else v.strftime("%Y-%m-%d %H:%M:%S.%f") for v in values]
     if any(v.microsecond for v in present):
-        return ["" if _gap(v) else f"{v:%Y-%m-%d %H:%M:%S}.{v.microsecond // 1000:03d}" for v in values]
-    return ["" if _gap(v) else v.strftime("%Y-%m-%d %H:%M:%S") for v in values]
+        return ["" if v is None else f"{v:%Y-%m-%d %H:%M:%S}.{v.microsecond // 1000:03d}" for v in values]
+    return ["" if v is None else v.strftime("%Y-%m-%d %H:%M:%S") for v in values]
 
 
 def _python(value: Any) -> Any:
     """A numpy scalar (a statistic's mean, a count) as the Python value pandas reads it as."""
     return value.item() if type(value).__module__ == "numpy" and hasattr(value, "item") else value
-
-
-def _gap(value: Any) -> bool:
-    """What pandas writes as an empty field: None and NaN."""
-    return value is None or (type(value) is float and math.isnan(value))
