@@ -182,11 +182,15 @@ def _run_flow(flow_params: dict[str, Any], engine: Any, name: str, resume: str) 
 
     from ablate import runner
     from ablate.results.status import status_counts
+    from ablate.runner import localserver
     from flows.sweep import sweep  # Prefect is imported here, in the main thread, as before the flow's thread
 
+    # started here, while this is the only thread, so that it can be a fork of this process (which has imported
+    # Prefect); ended with this process, even a killed one (no orphaned server)
+    server = localserver.launch()
     done = threading.Event()
     result: dict[str, Any] = {}
-    worker = threading.Thread(target=_flow_thread, args=(sweep, flow_params, result, done), daemon=True)
+    worker = threading.Thread(target=_flow_thread, args=(sweep, server, flow_params, result, done), daemon=True)
     worker.start()
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the sweep as cleanly as Ctrl-C
     render = sweep_view(engine, name)
@@ -242,17 +246,17 @@ def _wait_for_trainers(done: Any, engine: Any, name: str) -> None:
             return
 
 
-def _flow_thread(sweep: Any, flow_params: dict[str, Any], result: dict[str, Any], done: Any) -> None:
-    """Start the local Prefect API and run the sweep flow; an error other than failed trials goes to `result`."""
+def _flow_thread(sweep: Any, server: Any, flow_params: dict[str, Any], result: dict[str, Any], done: Any) -> None:
+    """Wait for the local Prefect API (`server`; None: PREFECT_API_URL's) and run the sweep flow; an error other
+    than failed trials goes to `result`."""
     try:
-        from ablate.runner import localserver
         from flows.sweep import TrialsFailed
 
         from contextlib import nullcontext
 
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
-        url = localserver.start()  # ended with this process, even a killed one (no orphaned server)
+        url = server.ready() if server is not None else None
         with temporary_settings(updates={PREFECT_API_URL: url}) if url else nullcontext():
             state = sweep(**flow_params, return_state=True)
         if state.is_failed():  # failed trials are counted from the DB; anything else is an error

@@ -48,6 +48,8 @@ class Settings(BaseModel):
     cancel_grace_seconds: float = Field(120.0, gt=0, description="how long a stopped trainer may take before it is killed")
     stop_grace_seconds: float = Field(5.0, gt=0, description="how long a trainer told to stop during start-up (before its first step) may take before it records the stop itself and ends")
     # the Prefect side
+    fork_server: bool = Field(True, description="0: `sweep run`'s local Prefect server starts in a fresh interpreter "
+                              "(unset or 1: as a fork of the command, on Linux, when it runs one thread)")
     dispatch_poll_seconds: float = Field(5.0, gt=0, description="how often a sweep flow looks at its trials' flow runs")
     api_outage_seconds: float = Field(900.0, gt=0, description="how long a sweep flow rides out a Prefect API outage")
     deploy_wait: float = Field(120.0, ge=0, description="seconds `ablate deploy` waits for the Prefect API")

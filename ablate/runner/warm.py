@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NoReturn
 
 from ablate.runner import host
 from ablate.config.settings import environment
@@ -113,31 +113,42 @@ def _threads() -> dict[str, Any]:
 
 def _child(request: dict[str, Any], protocol_fd: int) -> None:
     """In the forked child: become a cold trainer's equal (own session, log, env, cwd), run it, exit."""
+    exit_with(lambda: _train(request, protocol_fd))
+
+
+def _train(request: dict[str, Any], protocol_fd: int) -> int:
+    """The trainer's exit code."""
+    os.close(protocol_fd)
+    os.setsid()  # its own process group: the runner's SIGTERM/SIGKILL to -pid reach it and only it
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - line-buffered, like PYTHONUNBUFFERED
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    from ablate import train  # its timings are read from this trial's environment as it starts
+
+    sys.argv = ["python -m ablate.train", *request["argv"]]
+    return train.main(request["argv"])
+
+
+def exit_with(body: Callable[[], int]) -> NoReturn:
+    """In a forked child: run `body` and end the process with its code (a SystemExit's; 1 for any other exception,
+    its traceback on stderr), whatever happens: a fork must never return into its parent's code."""
     code = 1
     try:
-        os.close(protocol_fd)
-        os.setsid()  # its own process group: the runner's SIGTERM/SIGKILL to -pid reach it and only it
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - line-buffered, like PYTHONUNBUFFERED
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        from ablate import train  # its timings are read from this trial's environment as it starts
-
-        sys.argv = ["python -m ablate.train", *request["argv"]]
-        code = train.main(request["argv"])
+        code = body()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # noqa: BLE001 - whatever happens, the child must not return into the helper's loop
+    except BaseException:  # noqa: BLE001 - whatever it is, the child ends here
         import traceback
 
         traceback.print_exc()

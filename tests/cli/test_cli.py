@@ -278,7 +278,7 @@ def test_sweep_run_refuses_a_modified_copy_before_prefect_starts(sqlite_url, tmp
         # PREFECT_LOGGING_LEVEL=CRITICAL left behind silenced every later flow's logs in this test process)
         monkeypatch.setenv(name, os.environ.get(name, ""))
         monkeypatch.delenv(name)
-    monkeypatch.setattr(localserver, "start", lambda: pytest.fail("Prefect was started"))
+    monkeypatch.setattr(localserver, "launch", lambda: pytest.fail("Prefect was started"))
     _, _, ids = runner.register(SMOKE, sqlite_url)
     store.update_run(store.connect(sqlite_url), ids[0], status="completed", final_eval_loss=3.0)
     copy = yaml.safe_load(Path(SMOKE).read_text())

@@ -1,6 +1,6 @@
-"""`ablate sweep run`'s local Prefect API server, started for real: it answers at the URL it returns (the flow runs
-with PREFECT_API_URL set to it), it ends with the process that started it, whether that exits or is killed -9,
-and a configured PREFECT_API_URL starts nothing."""
+"""`ablate sweep run`'s local Prefect API server, started for real, as a fork of the command or in a fresh interpreter:
+it answers at the URL it returns (the flow runs with PREFECT_API_URL set to it), it ends with the process that
+started it, whether that exits or is killed -9, and a configured PREFECT_API_URL starts nothing."""
 
 from __future__ import annotations
 
@@ -16,12 +16,11 @@ import pytest
 
 from tests.waiting import patience, wait_until
 
-pytestmark = pytest.mark.slow
-
 STARTER = """
 import sys, time
 from ablate.runner import localserver
-print(localserver.start(), flush=True)
+server = localserver.launch()
+print(server.ready() if server else None, server.process.pid if server else None, server and server.forked, flush=True)
 if sys.argv[1] == "stay":
     time.sleep(600)
 """
@@ -32,21 +31,13 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return {**env, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
 
-def _servers_of(pid: int) -> list[int]:
-    """The uvicorn processes serving Prefect's API whose parent is `pid`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = (entry / "status").read_text()
-            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
-        if ppid == pid and "prefect.server.api.server:create_app" in cmdline:
-            found.append(int(entry.name))
-    return found
+def _parent_of(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+
+
+def _cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 def _alive(pid: int) -> bool:
@@ -68,16 +59,23 @@ def _answers(url: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("end", ["kill -9", "exit"])
-def test_the_local_server_answers_and_ends_with_its_parent(tmp_path, end):
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_the_local_server_answers_and_ends_with_its_parent(tmp_path, end, fork):
     mode = "stay" if end == "kill -9" else "exit"
-    starter = subprocess.Popen([sys.executable, "-c", STARTER, mode], env=_env(tmp_path), stdout=subprocess.PIPE,
-                               text=True, start_new_session=True)
+    starter = subprocess.Popen([sys.executable, "-c", STARTER, mode], env={**_env(tmp_path), "ABLATE_FORK_SERVER": fork},
+                               stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        url = starter.stdout.readline().strip()
+        url, pid, forked = starter.stdout.readline().split()
+        server = int(pid)
         assert url.startswith("http://127.0.0.1:") and url.endswith("/api"), url
+        assert forked == {"1": "True", "0": "False"}[fork]
         if end == "kill -9":
-            (server,) = _servers_of(starter.pid)
+            assert _parent_of(server) == starter.pid
+            # a fork runs the starter's own command line; a fresh interpreter, Prefect's uvicorn command
+            assert (_cmdline(server) == _cmdline(starter.pid)) == (fork == "1")
+            assert (b"prefect.server.api.server:create_app" in _cmdline(server)) == (fork == "0")
             assert _answers(url)
             os.kill(starter.pid, signal.SIGKILL)
             starter.wait(30)
@@ -90,9 +88,37 @@ def test_the_local_server_answers_and_ends_with_its_parent(tmp_path, end):
             os.killpg(starter.pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_a_configured_prefect_api_url_starts_nothing(tmp_path):
     env = {**_env(tmp_path), "PREFECT_API_URL": "http://127.0.0.1:9/api"}
     started = time.monotonic()
     out = subprocess.run([sys.executable, "-c", STARTER, "exit"], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == "None", out.stderr
+    assert out.returncode == 0 and out.stdout.split() == ["None", "None", "None"], out.stderr
     assert time.monotonic() - started < patience(60)
+
+
+@pytest.mark.parametrize("env, threads, forks", [({}, 1, True), ({}, 2, False), ({"ABLATE_FORK_SERVER": "0"}, 1, False)])
+def test_the_server_is_forked_only_from_a_single_thread(env, threads, forks):
+    # a fork copies only the thread that forks: a lock another thread holds would stay held in the server
+    code = ("import threading, time\nfrom ablate.runner import localserver\n"
+            f"for _ in range({threads} - 1):\n    threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
+            "print(localserver._may_fork())")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == str(forks), out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_a_server_that_cannot_start_is_an_error_said_once(tmp_path, fork):
+    # its database cannot be opened: the server's start-up fails; the forked child ends there, never returning into
+    # the starter's code (which would then print twice)
+    code = ("from ablate.runner import localserver\ntry:\n    localserver.launch().ready()\n"
+            "except RuntimeError as exc:\n    print('failed:', exc, flush=True)\n")
+    env = {**_env(tmp_path), "ABLATE_FORK_SERVER": fork,
+           "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path}/no/such/folder/prefect.db"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=patience(120))
+    lines = out.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("failed: "), (out.stdout, out.stderr[-2000:])
+    assert "Ephemeral server process exited with code" in lines[0]
