@@ -40,8 +40,10 @@ def test_a_fresh_database_never_resumes_another_databases_checkpoint(tmp_path):
         outs.append(train(trial, TrainerSettings(artifacts=art, db_url=url, run_id=run_id, progress=False)))
     paths = [store.get_run(store.connect(url), 1).checkpoint_path for url in urls]
     assert paths[0] != paths[1] and all(Path(p).exists() for p in paths)
-    assert outs[1]["steps"] == 20 and len(metric_rows(urls[1], 1, "train")) == len(metric_rows(urls[0], 1, "train"))
-    assert outs[1]["train_seconds"] > 0.5 * outs[0]["train_seconds"]  # trained, not resumed at its end
+    # trained from its first step, not resumed at the other run's end (which would log no step before 20 here); not
+    # a comparison of the two runs' train seconds, which a loaded machine's first run can triple
+    steps = [[row.step for row in metric_rows(url, 1, "train")] for url in urls]
+    assert outs[1]["steps"] == 20 and steps[1] == steps[0] and min(steps[1]) < 20
 
 
 class _Exploit:
