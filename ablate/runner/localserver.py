@@ -71,8 +71,11 @@ class Server:
 
     def _launch(self) -> None:
         if self.forked:
-            self.process, port = _fork_server()
-        else:
+            try:
+                self.process, port = _fork_server()
+            except OSError:  # no fork today (out of memory, a process limit): a fresh interpreter may still start
+                self.forked = False
+        if not self.forked:
             self.process, port = _spawn_server()
         watch(self.process.pid)
         atexit.register(_stop, self.process)
@@ -110,30 +113,24 @@ def _may_fork() -> bool:
     """Fork only on Linux, from a process with a single thread (a fork copies one thread: any lock another held
     stays held in the child), unless ABLATE_FORK_SERVER=0."""
     from ablate.config.settings import environment
+    from ablate.runner.warm import threads_now
 
-    if not environment().fork_server or sys.platform != "linux":
-        return False
-    try:
-        return len(os.listdir("/proc/self/task")) == 1
-    except OSError:
-        return False
+    return environment().fork_server and sys.platform == "linux" and threads_now()["threads"] == 1
 
 
 def _fork_server() -> tuple[Forked, int]:
     """The server as a fork of this process, serving a socket bound here."""
     from ablate.runner.warm import exit_with  # before the fork: the child must not fail before it can only exit
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        exit_with(lambda: _serve(sock))
-    sock.close()
-    return Forked(pid), port
+    with socket.socket() as sock:  # closed here once the child has it (or the fork failed)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            exit_with(lambda: _serve(sock))
+        return Forked(pid), sock.getsockname()[1]
 
 
 def _serve(sock: socket.socket) -> int:

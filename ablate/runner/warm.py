@@ -96,7 +96,7 @@ def _cuda_state() -> dict[str, bool]:
     return {"cuda_initialized": bool(initialized), "cuda_fork_safe": os.waitstatus_to_exitcode(status) == 0}
 
 
-def _threads() -> dict[str, Any]:
+def threads_now() -> dict[str, Any]:
     """This process's threads, native ones too (a fork is safe only from a single thread), with their names
     (`jemalloc_bg_thd`, say), so a ready message with more than one says which library started it."""
     tasks = Path("/proc/self/task")
@@ -172,7 +172,7 @@ def serve() -> int:
     def say(message: dict[str, Any]) -> None:
         out.write(json.dumps(message) + "\n")
 
-    say({"ready": os.getpid(), **_threads(), **_cuda_state()})
+    say({"ready": os.getpid(), **threads_now(), **_cuda_state()})
     pending = b""
     alive: set[int] = set()
     while True:
@@ -194,7 +194,7 @@ def serve() -> int:
                 if pid == 0:
                     _child(request, protocol)
                 alive.add(pid)
-                say({"id": request["id"], "pid": pid, **(_threads() if loaded else {})})
+                say({"id": request["id"], "pid": pid, **(threads_now() if loaded else {})})
         for pid in list(alive):
             done, status, usage = os.wait4(pid, os.WNOHANG)
             if done:

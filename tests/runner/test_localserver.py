@@ -122,3 +122,14 @@ def test_a_server_that_cannot_start_is_an_error_said_once(tmp_path, fork):
     lines = out.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("failed: "), (out.stdout, out.stderr[-2000:])
     assert "Ephemeral server process exited with code" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_fork_that_fails_starts_the_server_in_a_fresh_interpreter(tmp_path):
+    # out of memory or at a process limit, os.fork raises: the server is then spawned, and answers all the same
+    code = ("import os\ndef refuse():\n    raise BlockingIOError(11, 'Resource temporarily unavailable')\n"
+            "os.fork = refuse\n" + STARTER)
+    out = subprocess.run([sys.executable, "-c", code, "exit"], env=_env(tmp_path), capture_output=True, text=True,
+                         timeout=patience(120))
+    url, pid, forked = out.stdout.split()
+    assert url.startswith("http://127.0.0.1:") and forked == "False", out.stderr[-2000:]
