@@ -131,12 +131,74 @@ def keep(url: str, sweep: str) -> float:
     import logging
 
     from ablate import store
-    from flows.sweep import keep_study_for_dashboard
+    from ablate.runner.keeper import keep_final
 
     engine = store.connect(url)
     before = time.process_time()
-    keep_study_for_dashboard(logging.getLogger("bench-ui"), engine, sweep)
+    keep_final(logging.getLogger("bench-ui"), engine, sweep)
     return time.process_time() - before
+
+
+def once(proc: subprocess.Popen, base: str, path: str) -> dict:
+    """Server CPU and wall seconds of one request for `path`."""
+    before, t0 = cpu_of(proc.pid), time.perf_counter()
+    with urllib.request.urlopen(base + path, timeout=300) as response:
+        size = len(response.read())
+    wall = time.perf_counter() - t0
+    time.sleep(0.05)
+    cost = cpu_of(proc.pid) - before
+    return {"first_cpu": cost, "first_wall": wall, "cpu": cost, "wall": wall, "bytes": size}
+
+
+def while_training(url: str, sweep: str, port: int, path: str, work: Path, training: int = 20
+                   ) -> tuple[dict[str, dict], dict[str, float]]:
+    """The study while the sweep trains, on a copy of the DB with its last `training` runs back to running: kept by
+    the runner's keeper and read by a new server; the keeper's CPU when half of them finish; then with nothing
+    kept, the dashboard's own read after the other half finish (its views held from the read before)."""
+    import logging
+
+    import sqlalchemy as sa
+
+    from ablate import store
+    from ablate.runner.keeper import StudyKeeper
+    from ablate.ui.app import STUDY_EVERY
+
+    copy = work / "training.db"
+    shutil.copy(url.removeprefix("sqlite:///"), copy)
+    engine = store.connect(f"sqlite:///{copy}")
+    r = store.Run
+    with engine.connect() as conn:
+        finals = conn.execute(sa.select(r.id, r.status, r.steps, r.final_train_loss, r.final_eval_loss)
+                              .order_by(r.id.desc()).limit(training)).all()
+    with engine.begin() as conn:
+        conn.execute(sa.update(r).where(r.id.in_([f.id for f in finals])).values(
+            status="running", finished_at=None, steps=None, final_train_loss=None, final_eval_loss=None))
+
+    def finish(rows: list) -> None:  # as a trainer's last write does
+        for f in rows:
+            store.update_run(engine, f.id, status=f.status, steps=f.steps, final_train_loss=f.final_train_loss,
+                             final_eval_loss=f.final_eval_loss, finished_at=store.utcnow())
+
+    keeper = StudyKeeper(engine, sweep, logging.getLogger("bench-ui"))
+    cpu = {"keeper's first keep": keeper.keep()}
+    proc = start_server(f"sqlite:///{copy}", port)
+    base = f"http://127.0.0.1:{port}"
+    out = {}
+    try:
+        out["study while training, kept by the runner (a new server)"] = once(proc, base, path)
+        finish(finals[: training // 2])
+        cpu[f"keeper's keep after {training // 2} runs finished"] = keeper.keep()
+        out[f"study, kept again after {training // 2} runs finished"] = once(proc, base, path)
+        unkeep(f"sqlite:///{copy}")
+        time.sleep(STUDY_EVERY + 1)
+        out["study while training, computed here (nothing kept)"] = once(proc, base, path)
+        finish(finals[training // 2:])
+        time.sleep(STUDY_EVERY + 1)
+        out[f"study computed here again after {training - training // 2} runs finished"] = once(proc, base, path)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return out, cpu
 
 
 def main() -> None:
@@ -182,6 +244,10 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+    keeper_cpu = {}
+    if url.startswith("sqlite:///"):  # measured on a copy of the file
+        training, keeper_cpu = while_training(url, sweep, port, paths["study (tables + verdicts)"], work)
+        results.update(training)
     lines = [f"`ablate ui` over {url.rsplit('/', 1)[-1]} ({args.runs:,} runs x {args.points} points, SQLite), server "
              "CPU per request (goal < 0.5 CPU-s):", "",
              "| request | first: CPU-s | first: wall s | then (median of 5): CPU-s | wall s | bytes |",
@@ -189,8 +255,11 @@ def main() -> None:
     for name, r in results.items():
         lines.append(f"| {name} | {r['first_cpu']:.2f} | {r['first_wall']:.2f} | {r['cpu']:.2f} | {r['wall']:.2f} | "
                      f"{r['bytes']:,} |")
-    lines += ["", f"Keeping the study at the sweep's end (the sweep flow's `keep_study_for_dashboard`): {kept_cpu:.2f} "
+    lines += ["", f"Keeping the study at the sweep's end (the sweep flow's `keep_final`): {kept_cpu:.2f} "
               "CPU-s in the flow's process."]
+    if keeper_cpu:
+        lines[-1] += (" While it trains (20 runs back to running, on a copy), the runner's keeper thread: "
+                      + ", ".join(f"{k} {v:.2f} CPU-s" for k, v in keeper_cpu.items()) + ".")
     if paint:
         lines += ["", "Headless chromium on the sweep's page (goal: first paint < 2 s):", "",
                   "| visit | first contentful paint (s) | table and chart drawn (s) |", "| --- | --- | --- |"]

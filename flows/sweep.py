@@ -14,17 +14,16 @@ run --watch` exits non-zero), Cancelled when it was cancelled, else Completed.
 from __future__ import annotations
 
 import inspect
-import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import sqlalchemy as sa
 from prefect import flow, get_run_logger
 from prefect.states import Cancelled
 
 from ablate import runner, store
 from ablate.config.launch import LaunchOptions, launch_options
 from ablate.config.errors import AblateError, one_line
+from ablate.runner.keeper import StudyKeeper, keep_final
 from flows.hosts import first_error, owed_report, tagged
 
 
@@ -145,6 +144,20 @@ def _sweep(log: Any, registered: runner.Registration, opts: LaunchOptions, gpu_s
         runner.uncancel(engine, run_ids)
     todo = runner.runs_to_do(engine, registered.sweep_id, run_ids, retry_failed=retry_failed)
     log.info("sweep %s: %d trials, %d to run", name, len(run_ids), len(todo))
+    keeper = StudyKeeper.start_for(engine, name, log)  # a big sweep's study kept as it trains, for the dashboard
+    try:
+        done = _train(log, registered, opts, gpu_slots, retry_failed, use_deployments, engine, todo)
+    finally:
+        if keeper is not None:
+            keeper.stop()
+    keep_final(log, engine, name, keeper)
+    return _final(done, engine, name)
+
+
+def _train(log: Any, registered: runner.Registration, opts: LaunchOptions, gpu_slots: int, retry_failed: bool,
+           use_deployments: bool, engine: Any, todo: list[int]) -> Any:
+    """The owed runs trained, here or on the pool, and an adaptive sweep's race run to its end."""
+    run_ids, name = registered.run_ids, registered.name
     if use_deployments:
         from flows.cancel import label_sweep_flow_run
         from flows.dispatch import check_deployment, dispatch_to_pool, ride_out
@@ -169,32 +182,7 @@ def _sweep(log: Any, registered: runner.Registration, opts: LaunchOptions, gpu_s
             return _run_here(registered.gpus, ids, opts, gpu_slots, engine)
 
         _race(log, engine, name, done, run, retry_failed)
-    keep_study_for_dashboard(log, engine, name)
-    return _final(done, engine, name)
-
-
-def keep_study_for_dashboard(log: Any, engine: Any, name: str) -> None:
-    """A big sweep's study computed once and kept for the dashboard (results/study.py), unless the user stopped the
-    sweep; a failure to keep it is said, and is never the sweep's."""
-    from ablate.results.study import KEEP_RUNS, study, study_code, study_key
-
-    if runner.STOP.is_set():
-        return
-    try:
-        sweep_id = runner.sweep_id(engine, name)
-        with engine.connect() as conn:
-            runs = conn.execute(sa.select(sa.func.count()).where(store.Run.sweep_id == sweep_id)).scalar() or 0
-        if runs < KEEP_RUNS:
-            return
-        key = study_key(engine, sweep_id)  # read first: a run that finishes meanwhile makes it stale, never wrong
-        payload = json.dumps(study(engine, name))
-        kept = store.keep_study(engine, sweep_id, key, study_code(), payload)
-    except Exception as exc:  # noqa: BLE001 - derived data: the dashboard computes it instead
-        log.warning("sweep %s: its study was not kept for the dashboard (%s: %s); the dashboard computes it",
-                    name, type(exc).__name__, (str(exc).splitlines() or [""])[0][:300])
-        return
-    log.info("sweep %s: its study kept for the dashboard (%s runs, %s bytes)%s", name, f"{runs:,}",
-             f"{len(payload):,}", "" if kept else ", by another runner at the same moment")
+    return done
 
 
 def _race(log: Any, engine: Any, name: str, done: Any, run: Any, retry_failed: bool) -> None:

@@ -17,8 +17,9 @@
     points.py    runs' metric points, read in chunks (rows, or one array per run and split)
     status.py    a sweep's runs as status rows: one row, column order, progress and reason for the terminal
                  and the dashboard (live.py: the dashboard's sweeps, rows, change tokens and curves)
-    study.py     the dashboard's study: the report's tables, claims and race as data, computed, or as the sweep
-                 flow kept them at a big sweep's end (store.keep_study)
+    study.py     the dashboard's study: the report's tables, claims and race as data, computed, or as a big
+                 sweep's runner kept them (runner/keeper.py, store.keep_study)
+    liveviews.py a sweep's views held between reads: each read re-reads only the runs that changed
     scaling.py   L(x) = E + A·x^-α fitted with bootstrap intervals, crossovers; laws.py: per architecture
 
 `from ablate import results; results.runs("smoke")` is the notebook's entry point.

@@ -1,15 +1,18 @@
 """The study as the dashboard shows it: the report's comparison tables, claims table and race, as plain data, by
-the report's own code; or the same as the runner kept it in the results DB (study_cache) at a big sweep's end.
+the report's own code; or the same as the sweep's runner kept it in the results DB (study_cache).
 
-Computing it reads and validates every run (about 1.7 CPU-s at 10,000 runs), and a dashboard only reads: it cannot
-keep what it computed. So the sweep flow that ran a sweep of KEEP_RUNS runs or more computes the study once and
-keeps it (store.keep_study) with its key (what it depends on: the runs' statuses, progress and final losses, the
-spec, the race's decisions) and the code that computed it; a dashboard whose key and code are the same shows that
-one.
+Computing it reads and validates every run (about 0.5 CPU-s at 10,000 runs) and runs the statistics over them (about
+0.6 more), and a dashboard only reads: it cannot keep what it computed. So the runner of a sweep of KEEP_RUNS runs
+or more keeps it (store.keep_study) while the sweep trains, again after runs finish (runner/keeper.py), and at its
+end, with its key (what it depends on: the runs' statuses and finishes, the spec, the race's decisions) and the
+code that computed it. A dashboard shows the kept one whose key and code are the sweep's and this code's, or,
+while the sweep trains, one kept less than FRESH seconds ago (runs finished since: it says so); else it computes
+it, re-reading only the runs that changed since its last read (results/liveviews.py).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 from typing import Any
@@ -18,21 +21,23 @@ import sqlalchemy as sa
 
 from ablate import store
 
-KEEP_RUNS = 1_000  # a sweep this big keeps its study at its end (smaller ones compute it in well under 0.5 CPU-s)
+KEEP_RUNS = 1_000  # a sweep this big keeps its study (smaller ones compute it in well under 0.5 CPU-s)
+FRESH = 30.0  # seconds: a kept study this recent is shown though runs finished since (the dashboard's own lag)
 
 
-def study(engine: sa.Engine, sweep: str) -> dict[str, Any]:
-    """The report's comparison tables and its claims table, by the report's own code."""
-    from ablate.config.units import parse_at
+def study(engine: sa.Engine, sweep: str, live: Any = None) -> dict[str, Any]:
+    """The report's comparison tables and its claims table, by the report's own code; `live`: the sweep's
+    LiveViews, held by the caller between reads (default: every run read now)."""
     from ablate.report.race import apply_race, read_race
     from ablate.report.tables import layout_tables
     from ablate.report.verdicts import verdict_table
-    from ablate.results.equal import read_runs_at
     from ablate.results.orderings import check_claims
-    from ablate.results.views import load_views
 
-    spec, views = load_views(engine, sweep)
-    views = read_runs_at(engine, views, parse_at(spec.report.at))
+    if live is None:
+        from ablate.results.liveviews import LiveViews
+
+        live = LiveViews(sweep)
+    spec, views = live(engine)
     claims = check_claims(spec, views)
     race, raced = read_race(engine, spec, views)
     apply_race(claims, raced)
@@ -52,12 +57,13 @@ def study(engine: sa.Engine, sweep: str) -> dict[str, Any]:
 
 
 def study_key(engine: sa.Engine, sweep_id: int) -> str:
-    """What the study depends on, as one text: per run status, the count, the steps logged, the final eval losses
-    and the last finish; the spec's fingerprint; the race's decisions."""
+    """What the study depends on, as one text: per run status, the count, the steps trained, the final eval
+    losses and the last finish; the spec's fingerprint; the race's decisions. A run's progress while it trains is
+    not in it (its row gets its steps and losses when it finishes), so it moves only when runs start or finish."""
     r, d = store.Run, store.RaceDecision
     with engine.connect() as conn:
         statuses = conn.execute(
-            sa.select(r.status, sa.func.count(), sa.func.sum(sa.func.coalesce(r.last_step, 0)),
+            sa.select(r.status, sa.func.count(), sa.func.sum(sa.func.coalesce(r.steps, 0)),
                       sa.func.sum(sa.func.coalesce(r.final_eval_loss, 0.0)), sa.func.max(r.finished_at))
             .where(r.sweep_id == sweep_id).group_by(r.status).order_by(r.status)).all()
         spec = conn.execute(sa.select(store.Sweep.spec_fingerprint).where(store.Sweep.id == sweep_id)).scalar()
@@ -73,15 +79,23 @@ def study_code() -> str:
 
 
 def kept_study(engine: sa.Engine, sweep_id: int, key: str) -> dict[str, Any] | None:
-    """The study kept for this sweep, if it was kept at `key` by this code; else None."""
+    """The study kept for this sweep by this code, if it was kept at `key`, or less than FRESH seconds ago (then
+    its read_at says that runs have finished since); else None."""
     c = store.StudyCache
     with engine.connect() as conn:
-        row = conn.execute(sa.select(c.key, c.code, c.payload).where(c.sweep_id == sweep_id)).first()
-    if row is None or row.key != key or row.code != study_code():
+        row = conn.execute(sa.select(c.key, c.code, c.payload, c.computed_at).where(c.sweep_id == sweep_id)).first()
+    if row is None or row.code != study_code():
         return None
-    return json.loads(row.payload)
+    age = (store.utcnow() - row.computed_at) / dt.timedelta(seconds=1)
+    if row.key != key and not 0 <= age < FRESH:
+        return None
+    kept = {**json.loads(row.payload), "kept": True}
+    if row.key != key:
+        kept["read_at"] += f" (kept by the sweep's runner {age:.0f} s ago; runs have started or finished since)"
+    return kept
 
 
-def read_study(engine: sa.Engine, sweep_id: int, sweep: str) -> dict[str, Any]:
-    """The sweep's study: the one kept, if it is still the sweep's, else computed."""
-    return kept_study(engine, sweep_id, study_key(engine, sweep_id)) or study(engine, sweep)
+def read_study(engine: sa.Engine, sweep_id: int, sweep: str, live: Any = None) -> dict[str, Any]:
+    """The sweep's study: the one kept, if it is still the sweep's (or recent), else computed (`live`: the
+    sweep's LiveViews, which re-reads only the runs that changed since the caller's last read)."""
+    return kept_study(engine, sweep_id, study_key(engine, sweep_id)) or study(engine, sweep, live)

@@ -36,26 +36,26 @@ def load_views(engine: sa.Engine, sweep: str) -> tuple[SweepSpec, list[RunView]]
     spec = SweepSpec.model_validate(row.spec)
     # rows, not ORM instances: a third of the memory and no instrumented attribute per read (a report reads
     # 100,000 runs' fields millions of times); a Row reads by the column names, which are the ORM's attribute names.
-    shared = _Shared()
-    table = store.Run.__table__
-    columns = [shared.column(c) if c.name in ("config", "library_versions") else c for c in table.columns]
-    runs = _read_pages(engine, sa.select(*columns).where(store.Run.sweep_id == row.id))
-    views = []
+    shared = Shared()
+    runs = read_pages(engine, shared.select().where(store.Run.sweep_id == row.id))
     validated: dict[bytes, tuple[TrialConfig, dict[str, Any]]] = {}
-    for r in runs:
-        trial, axes = _trial(r.config, shared.keys.pop(id(r.config)), validated)
-        matching = [ref for ref in spec.reference if ref.matches_axes(axes)]
-        ref = max(matching, key=lambda x: len(x.match)) if matching else None
-        views.append(RunView(row=r, axes=axes, reference=ref, trial=trial, sweep=sweep))
+    views = [view_of(spec, r, *trial_axes(r.config, shared.keys.pop(id(r.config)), validated), sweep) for r in runs]
     with_every_varying_field(views)
     check_seeds(views)
     return spec, views
 
 
+def view_of(spec: SweepSpec, row: Any, trial: TrialConfig, axes: dict[str, Any], sweep: str) -> RunView:
+    """A run's view: its row, its axes, and the spec's reference that matches them most closely."""
+    matching = [ref for ref in spec.reference if ref.matches_axes(axes)]
+    ref = max(matching, key=lambda x: len(x.match)) if matching else None
+    return RunView(row=row, axes=axes, reference=ref, trial=trial, sweep=sweep)
+
+
 PAGE = 10_000  # runs a query reads: the driver holds a whole result's text while its rows are made
 
 
-def _read_pages(engine: sa.Engine, query: sa.Select) -> list[sa.Row]:
+def read_pages(engine: sa.Engine, query: sa.Select) -> list[sa.Row]:
     """The query's runs in trial order, read PAGE at a time by id (the primary key's index: a page costs the
     server no sort of the sweep). Read at once, the 100,000 runs of a big sweep held 400 MB more at the peak
     (psycopg's text of every row, beside the rows), and were slower to make. (yield_per, a server-side cursor,
@@ -71,7 +71,7 @@ def _read_pages(engine: sa.Engine, query: sa.Select) -> list[sa.Row]:
                 return runs
 
 
-def _trial(config: dict[str, Any], key: bytes, validated: dict[bytes, tuple[TrialConfig, dict[str, Any]]]
+def trial_axes(config: dict[str, Any], key: bytes, validated: dict[bytes, tuple[TrialConfig, dict[str, Any]]]
            ) -> tuple[TrialConfig, dict[str, Any]]:
     """A run's trial and axes, validated once per configuration (100,000 runs are a few hundred configurations
     and their seeds; validating each cost 0.3 ms). The seeds of a configuration share its TrialConfig (a copy per
@@ -83,7 +83,7 @@ def _trial(config: dict[str, Any], key: bytes, validated: dict[bytes, tuple[Tria
     return trial, {**axes, "seed": config.get("seed", 0)}
 
 
-class _Shared:
+class Shared:
     """The runs' JSON columns read as text and parsed as SQLAlchemy makes each row, each holding the values of an
     equal one before it: a configuration's seeds, equal but for the seed, hold the first one's values (one dataset
     dict, not one per run), and runs with equal library versions one dict of them. Shared as each row is
@@ -96,6 +96,11 @@ class _Shared:
         self.firsts: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
         self.versions: dict[bytes, dict[str, Any]] = {}
         self.keys: dict[int, bytes] = {}
+
+    def select(self) -> sa.Select:
+        """Every column of the runs table, the JSON ones parsed and shared here."""
+        return sa.select(*(self.column(c) if c.name in ("config", "library_versions") else c
+                           for c in store.Run.__table__.columns))
 
     def column(self, column: sa.Column) -> Any:
         kind = _SharedJSON(self.config if column.name == "config" else self.library_versions)

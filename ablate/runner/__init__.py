@@ -7,6 +7,7 @@ trials.py       run_trial (claim, start, watch, classify), STOP, runs_to_do, unc
 sweep.py        register and prepare_data (token caches first), Registration, sweep_id/sweep_runs
 warm.py         the warm helper that forks trainers with torch already imported (started as `python -m ablate.runner.warm`)
 localserver.py  the local Prefect API server of `ablate sweep run`, stopped when its parent goes
+keeper.py       a big sweep's study kept in the results DB for the dashboard, as its runs finish and at its end
 bundle.py       `ablate bundle`: the wheels that take ablate onto an offline node, beside the node's own torch
 
 Nothing here imports torch; warm.py's helper imports it only in its own process.

@@ -175,8 +175,8 @@ class RaceDecision(Base):
 
 class StudyCache(Base):
     """A sweep's study (the dashboard's tables, claims and race: ablate/results/study.py) as it stood at `key`,
-    computed by `code`: kept by the runner at a big sweep's end, so a dashboard, which only reads, shows it at
-    once. Derived data: a different key or code computes it again."""
+    computed by `code`: kept by a big sweep's runner as it trains and at its end, so a dashboard, which only
+    reads, shows it at once. Derived data: a different key or code computes it again."""
 
     __tablename__ = "study_cache"
     sweep_id: Mapped[int] = mapped_column(sa.ForeignKey("sweeps.id"), primary_key=True)

@@ -1,13 +1,16 @@
-"""The study a sweep flow keeps at a big sweep's end (results/study.py, store.keep_study): a dashboard shows it while
-the sweep is as it was kept, and computes the study itself once a run finishes, fails or the code differs. On SQLite
-and on the real PostgreSQL server."""
+"""The study a big sweep's runner keeps (results/study.py, runner/keeper.py, store.keep_study): a dashboard shows it
+while the sweep is as it was kept, or for FRESH seconds after runs started or finished (saying so), and computes the
+study itself after that, or when a run failed or the code differs. On SQLite and on the real PostgreSQL server."""
 
 from __future__ import annotations
 
 import json
 
+import datetime as dt
+
 from ablate import runner, store
 from ablate.results import study as st
+from ablate.runner import keeper as kp
 from tests.ui.conftest import build
 
 
@@ -28,17 +31,28 @@ def shown(url: str) -> dict:
     return Dashboard(store.reader(url), None).study("widths")
 
 
+def age_kept(url: str, seconds: float) -> None:
+    """The kept study as if it had been kept `seconds` ago."""
+    with store.connect(url).begin() as conn:
+        conn.execute(store.StudyCache.__table__.update().values(
+            computed_at=store.utcnow() - dt.timedelta(seconds=seconds)))
+
+
 def test_a_dashboard_shows_the_kept_study_until_a_run_finishes(db_url, tmp_path):
     db = build(db_url, tmp_path)
     kept = keep(db_url, "widths", "kept")
-    assert shown(db_url) == kept  # the kept one, as it was kept (JSON and back)
-    computed = shown(db_url)
+    assert shown(db_url) == {**kept, "kept": True}  # the kept one, as it was kept (JSON and back)
+    computed = st.study(store.connect(db_url), "widths")
     assert {k: v for k, v in computed.items() if k != "read_at"} == {k: v for k, v in kept.items() if k != "read_at"}
 
     running = db["ids"][-1]  # the run still training finishes: the kept study is no longer the sweep's
     store.update_run(store.connect(db_url), running, status="completed", final_eval_loss=1.5)
+    recent = shown(db_url)  # kept a moment ago: shown, saying that runs finished since
+    assert recent["read_at"].startswith("kept (kept by the sweep's runner ") and "finished since" in recent["read_at"]
+    assert recent["tables"] == kept["tables"]
+    age_kept(db_url, st.FRESH + 1)  # older than FRESH: computed here, with the run that finished
     now = shown(db_url)
-    assert now["read_at"] != "kept" and now != kept
+    assert now["read_at"] != "kept" and "kept" not in now and now["tables"] != kept["tables"]
 
     keep(db_url, "widths", "kept again")  # kept again: shown again; a second keep replaced the first
     assert shown(db_url)["read_at"] == "kept again"
@@ -57,8 +71,12 @@ def test_a_study_kept_by_other_code_or_before_a_run_failed_is_computed_again(db_
     keep(db_url, "widths", "kept")
     sweep_id = store.sweep_named(engine, "widths", store.Sweep.id).id
     before = st.study_key(engine, sweep_id)
+    store.write_metrics(engine, db["ids"][-1], [{"step": 202, "split": "train", "elapsed_seconds": 10.1,
+                                                 "tokens": 202 * 1024, "loss": 2.5, "lr": 1e-3}])
+    assert st.study_key(engine, sweep_id) == before  # a run's progress while it trains: not in the study
     store.update_run(engine, db["ids"][-1], status="failed", error="RuntimeError: gone")  # no finish time, no loss
     assert st.study_key(engine, sweep_id) != before
+    age_kept(db_url, st.FRESH + 1)
     assert shown(db_url)["read_at"] != "kept"
 
 
@@ -75,19 +93,17 @@ class Said:
 
 
 def test_the_sweep_flow_keeps_a_big_sweeps_study_and_says_why_when_it_cannot(sqlite_url, tmp_path, monkeypatch):
-    from flows import sweep as flow
-
     build(sqlite_url, tmp_path)
     engine = store.connect(sqlite_url)
     log = Said()
-    flow.keep_study_for_dashboard(log, engine, "widths")  # 8 runs: below KEEP_RUNS, nothing kept
+    kp.keep_final(log, engine, "widths")  # 8 runs: below KEEP_RUNS, nothing kept
     with engine.connect() as conn:
         assert conn.execute(store.StudyCache.__table__.select()).first() is None
 
     monkeypatch.setattr(st, "KEEP_RUNS", 8)
     runner.STOP.set()  # a sweep the user stopped exits at once: nothing computed
     try:
-        flow.keep_study_for_dashboard(log, engine, "widths")
+        kp.keep_final(log, engine, "widths")
     finally:
         runner.STOP.clear()
     with engine.connect() as conn:
@@ -98,12 +114,12 @@ def test_the_sweep_flow_keeps_a_big_sweeps_study_and_says_why_when_it_cannot(sql
 
     with monkeypatch.context() as m:
         m.setattr(st, "study", broken)
-        flow.keep_study_for_dashboard(log, engine, "widths")
+        kp.keep_final(log, engine, "widths")
     assert log.lines == ["sweep widths: its study was not kept for the dashboard (ValueError: no study today); the "
                          "dashboard computes it"]
 
-    flow.keep_study_for_dashboard(log, engine, "widths")
-    assert log.lines[-1].startswith("sweep widths: its study kept for the dashboard (8 runs, ")
+    kp.keep_final(log, engine, "widths")
+    assert log.lines[-1].startswith("sweep widths: its study kept for the dashboard (8 runs; kept 1 times")
     row = engine.connect().execute(store.StudyCache.__table__.select()).one()
     computed = json.loads(json.dumps(st.study(engine, "widths")))
     assert row.code == st.study_code() and json.loads(row.payload)["tables"] == computed["tables"]
