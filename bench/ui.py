@@ -154,7 +154,8 @@ def while_training(url: str, sweep: str, port: int, path: str, work: Path, train
                    ) -> tuple[dict[str, dict], dict[str, float]]:
     """The study while the sweep trains, on a copy of the DB with its last `training` runs back to running: kept by
     the runner's keeper and read by a new server; the keeper's CPU when half of them finish; then with nothing
-    kept, the dashboard's own read after the other half finish (its views held from the read before)."""
+    kept, the dashboard's own first read as a quarter more finish, and its read again after the last quarter
+    finish (its views held from the read before)."""
     import logging
 
     import sqlalchemy as sa
@@ -189,12 +190,15 @@ def while_training(url: str, sweep: str, port: int, path: str, work: Path, train
         finish(finals[: training // 2])
         cpu[f"keeper's keep after {training // 2} runs finished"] = keeper.keep()
         out[f"study, kept again after {training // 2} runs finished"] = once(proc, base, path)
-        unkeep(f"sqlite:///{copy}")
-        time.sleep(STUDY_EVERY + 1)
-        out["study while training, computed here (nothing kept)"] = once(proc, base, path)
-        finish(finals[training // 2:])
-        time.sleep(STUDY_EVERY + 1)
-        out[f"study computed here again after {training - training // 2} runs finished"] = once(proc, base, path)
+        unkeep(f"sqlite:///{copy}")  # from here the dashboard computes the study itself
+        rest = finals[training // 2:]
+        finish(rest[: len(rest) // 2])
+        out[f"study computed here, first read ({len(rest) // 2} more runs finished, nothing kept)"] = once(
+            proc, base, path)
+        finish(rest[len(rest) // 2:])
+        time.sleep(STUDY_EVERY + 1)  # the dashboard reads a study it computes at most this often
+        out[f"study computed here again after {len(rest) - len(rest) // 2} runs finished (its views held)"] = once(
+            proc, base, path)
     finally:
         proc.terminate()
         proc.wait(30)

@@ -30,7 +30,7 @@ MAX_COMPARE = 8  # runs one comparison shows side by side
 MAX_CURVE_RUNS = 1000  # runs whose points one chart reads (10,000 runs x 20 eval points: ~1 CPU-s; this ~0.1)
 SAMPLE_MODELS, MAX_SAMPLE_TOKENS, MAX_PROMPT = 2, 256, 1000  # models kept loaded; a sample's bounds
 STUDY_EVERY = 30.0  # seconds: a study computed here (~0.6 CPU-s at 10,000 runs) is read at most this often
-LIVE_SWEEPS = 2  # sweeps whose views the dashboard holds between reads (10,000 runs hold about 60 MB)
+LIVE_SWEEPS = 2  # sweeps whose views the dashboard holds between reads (10,000 runs hold about 72 MiB)
 COOKIE = "ablate_ui_token"
 HEADERS = {"Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
                                       "img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
