@@ -1,6 +1,6 @@
 """`python -m bench all --out DIR [--quick] [--device cpu|cuda]`: the whole suite (see bench/suite.py).
 
-Also: `python -m bench models|train|data|orchestration|db|trial_cost|ui|race|ctrl_c [args]` run the single scripts, and
+Also: `python -m bench models|train|data|orchestration|db|trial_cost|ui|race|ctrl_c|study_reread [args]` run the single scripts, and
 `python -m bench gpu --out DIR` checks a GPU node in one command (bench/gpu.py).
 """
 
@@ -17,7 +17,8 @@ def main(argv: list[str] | None = None) -> int:
         from bench.gpu import main as gpu_main
 
         return gpu_main(argv[1:])
-    if argv and argv[0] in ("models", "train", "data", "orchestration", "db", "trial_cost", "ui", "race", "ctrl_c"):
+    if argv and argv[0] in ("models", "train", "data", "orchestration", "db", "trial_cost", "ui", "race", "ctrl_c",
+                            "study_reread"):
         import importlib
 
         module = importlib.import_module(f"bench.{argv[0]}")

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ablate.results.cells import varies
+from ablate.results.cells import one_per_configuration, varies
 from ablate.results.views import RunView
 
 UNFINISHED = ("pending", "running", "failed", "preempted", "cancelled")
@@ -42,6 +42,7 @@ def long_lived() -> Iterator[Callable[[], None]]:
 
 
 def varying_axes(views: list[RunView], exclude: set[str]) -> list[str]:
+    views = one_per_configuration(views)
     keys = sorted({k for v in views for k in v.axes} - exclude - {"seed"})
     # an option one family lacks (None) does not make an axis vary; differing values do
     return [k for k in keys if varies(views, k, none_counts=False)]

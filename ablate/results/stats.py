@@ -70,6 +70,14 @@ def t_quantile(df: float, level: float = LEVEL) -> float:
     return float(stdtrit(df, 0.5 + level / 2))
 
 
+# statistics' exact (and slow) sample std and variance, each kept for the last CELLS seeds' values it was given: a
+# dashboard or the runner's keeper reads a sweep's study again as runs finish, and recomputes only the cells whose
+# runs changed (the same numbers, from the same function)
+CELLS = 65_536
+_stdev = functools.lru_cache(maxsize=CELLS)(statistics.stdev)
+_variance = functools.lru_cache(maxsize=CELLS)(statistics.variance)
+
+
 def mean_ci(values: Sequence[float], level: float = LEVEL) -> Estimate:
     """The mean of `values` with a two-sided Student-t interval (mean ± t·s/√n). A NaN or inf counts as a value
     and makes the mean NaN or inf with no interval (a diverged seed makes the cell so, as it should)."""
@@ -81,7 +89,7 @@ def mean_ci(values: Sequence[float], level: float = LEVEL) -> Estimate:
     mean = statistics.fmean(values)
     if n == 1:
         return Estimate(mean=mean, n=1)
-    std = statistics.stdev(values)
+    std = _stdev(tuple(values))
     half = t_quantile(n - 1, level) * std / math.sqrt(n)
     return Estimate(mean=mean, n=n, std=std, low=mean - half, high=mean + half)
 
@@ -171,5 +179,5 @@ def pooled_std(groups: Sequence[Sequence[float]]) -> tuple[float | None, int]:
             continue
         cells += 1
         dof += len(finite) - 1
-        total += (len(finite) - 1) * statistics.variance(finite)
+        total += (len(finite) - 1) * _variance(tuple(finite))
     return (math.sqrt(total / dof) if dof else None), cells

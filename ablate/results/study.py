@@ -2,7 +2,8 @@
 the report's own code; or the same as the sweep's runner kept it in the results DB (study_cache).
 
 Computing it reads and validates every run (about 0.5 CPU-s at 10,000 runs) and runs the statistics over them (about
-0.5 more), and a dashboard only reads: it cannot keep what it computed. So the runner of a sweep of KEEP_RUNS runs
+0.4 more; a cell whose runs did not change since the process's last read reuses its exact std), and a dashboard only
+reads: it cannot keep what it computed. So the runner of a sweep of KEEP_RUNS runs
 or more keeps it (store.keep_study) while the sweep trains, again after runs finish (runner/keeper.py), and at its
 end, with its key (what it depends on: the runs' statuses and finishes, the spec, the race's decisions) and the
 code that computed it. A dashboard shows the kept one whose key and code are the sweep's and this code's, or,

@@ -3,7 +3,7 @@
 The sweep flow of a sweep of KEEP_RUNS runs or more starts a StudyKeeper beside its trials: a thread that wakes
 every few seconds, reads the study's key (one aggregate query), and when runs started or finished since the study
 it kept last, reads the runs that changed (results/liveviews.py), computes the study and keeps it. Computing it
-over 10,000 runs costs about 0.5 CPU-s of statistics, so the thread waits at least SHARE_WAIT times what its last
+over 10,000 runs costs about 0.4 CPU-s of statistics, so the thread waits at least SHARE_WAIT times what its last
 computation cost: it takes at most 1/SHARE_WAIT of one core from the trainers. At the sweep's end `keep_final`
 keeps it once more (not after the user stopped the sweep: that stop is bounded). A failure to keep it is a warning
 line, never the sweep's failure: the dashboard computes the study itself.

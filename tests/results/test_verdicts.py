@@ -85,6 +85,26 @@ def test_configuration_keys_made_once_per_configuration_are_each_runs_own():
     assert len({keys[0], keys[1], keys[2], keys[6]}) == 1 and len(set(keys)) == 4
 
 
+def test_runs_that_share_a_trial_config_are_read_once_for_what_differs(tmp_path, sqlite_url):
+    # load_views gives a configuration's seeds one TrialConfig: cells.py reads one run of each for what differs and
+    # keys them by it; the answers are those of the same runs told apart by their values alone
+    from dataclasses import replace
+
+    from ablate.report.views import varying_axes
+    from ablate.results.cells import config_keys, differing, one_per_configuration, split_axes
+
+    ids, _ = _register(tmp_path, sqlite_url, [{"architecture": "mixer", "weight_decay": [0.0, 0.1], "seeds": 3},
+                                              {"architecture": "llama", "heads": 4, "seeds": 2}])
+    _, views = load_views(store.reader(sqlite_url), "v")
+    assert len({id(v.trial) for v in views}) == 3 and len(one_per_configuration(views)) == 3
+    assert [v.axes.get("seed") for v in one_per_configuration(views)] == [0, 0, 0]
+    by_value = [replace(v, trial=None) for v in views]
+    assert config_keys(views) == config_keys(by_value) and len(set(config_keys(views))) == 3
+    assert differing(views) == differing(by_value) and set(differing(views)) >= {"architecture", "weight_decay"}
+    assert split_axes(views, ["architecture"]) == split_axes(by_value, ["architecture"])
+    assert varying_axes(views, set()) == varying_axes(by_value, set())
+
+
 def test_two_runs_of_one_configuration_with_one_seed_are_refused_naming_both(tmp_path, sqlite_url):
     # kernel 1 is the mixer's default: written out, it is a new fingerprint but the same configuration
     ids, engine = _register(tmp_path, sqlite_url, [{"architecture": "mixer"},
