@@ -46,7 +46,11 @@ class LiveViews:
 
     def __call__(self, engine: sa.Engine) -> tuple[SweepSpec, list[RunView]]:
         with self._lock:
-            return self._refresh(engine)
+            try:
+                return self._refresh(engine)
+            except BaseException:
+                self._reset(None, None)  # nothing half-read is held: the next read reads the sweep whole
+                raise
 
     def _refresh(self, engine: sa.Engine) -> tuple[SweepSpec, list[RunView]]:
         s, r = store.Sweep, store.Run

@@ -91,8 +91,9 @@ def kept_study(engine: sa.Engine, sweep_id: int, key: str) -> dict[str, Any] | N
     if row.key != key and not 0 <= age < FRESH:
         return None
     kept = {**json.loads(row.payload), "kept": True}
-    if row.key != key:
+    if row.key != key:  # `behind`: the dashboard asks again at its next request, not when runs finish next
         kept["read_at"] += f" (kept by the sweep's runner {age:.0f} s ago; runs have started or finished since)"
+        kept["behind"] = True
     return kept
 
 

@@ -1,7 +1,8 @@
 """`ablate ui`: a read-only web dashboard over a results DB (SQLite or Postgres), live while sweeps train.
 
 The pages (app.py) read through `store.reader` and the read side (results/live.py for rows and curves, the report's
-own tables and orderings for the study); the table's filter, sort and pages are table.py. The charts are uPlot,
+own tables and orderings for the study), and keep what they read per change token (cache.py); the table's filter,
+sort and pages are table.py. The charts are uPlot,
 vendored under static/ with its licence: nothing is fetched from a CDN, so the dashboard works on an offline cluster.
 """
 

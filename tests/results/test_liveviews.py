@@ -101,3 +101,33 @@ def test_a_spec_read_at_a_budget_reads_the_curves_of_the_runs_that_finished(db_u
     write_curve(engine, rid, "llama", 64, 1, range(202, 401, 2))
     store.update_run(engine, rid, status="completed", steps=400, final_eval_loss=1.3, finished_at=store.utcnow())
     same_as_whole(engine, live)
+
+
+def test_a_read_that_fails_leaves_nothing_half_read(sqlite_url, tmp_path, monkeypatch):
+    """A read refused half-way (here: two runs of one configuration with one seed, as load_views refuses them) is
+    refused again by the next read, and once mended the views are the whole sweep's."""
+    import ablate.results.liveviews as lv
+    from ablate.config.errors import AblateError
+
+    db = build(sqlite_url, tmp_path)
+    engine = store.connect(sqlite_url)
+    live = LiveViews("widths")
+    same_as_whole(engine, live)
+    checked = lv.check_seeds
+
+    def refuse(views):
+        raise AblateError("runs 1 and 2 are one configuration with one seed")
+
+    monkeypatch.setattr(lv, "check_seeds", refuse)
+    with engine.begin() as conn:  # a run deleted: the axes are made again, and refused
+        conn.execute(sa.delete(store.Metric).where(store.Metric.run_id == db["ids"][0]))
+        conn.execute(sa.delete(store.Run).where(store.Run.id == db["ids"][0]))
+    for _ in range(2):
+        try:
+            live(engine)
+        except AblateError:
+            pass
+        else:
+            raise AssertionError("a read after the refused one returned the views held before it")
+    monkeypatch.setattr(lv, "check_seeds", checked)
+    assert same_as_whole(engine, live) == len(db["ids"]) - 1  # read whole again

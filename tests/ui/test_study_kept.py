@@ -60,6 +60,24 @@ def test_a_dashboard_shows_the_kept_study_until_a_run_finishes(db_url, tmp_path)
         assert len(conn.execute(store.StudyCache.__table__.select()).all()) == 1
 
 
+def test_one_dashboard_shows_a_study_kept_behind_the_runs_until_the_runner_catches_up(sqlite_url, tmp_path):
+    """A kept study shown while runs had finished since it was kept is read again at the next request (the runner
+    keeps the sweep's own in a few seconds), not held until the next run finishes."""
+    from ablate.ui.app import Dashboard
+
+    db = build(sqlite_url, tmp_path)
+    board = Dashboard(store.reader(sqlite_url), None)
+    keep(sqlite_url, "widths", "kept")
+    store.update_run(store.connect(sqlite_url), db["ids"][-1], status="completed", final_eval_loss=1.5,
+                     finished_at=store.utcnow())  # the sweep's last run finishes
+    behind = board.study("widths")
+    assert behind["behind"] and "finished since" in behind["read_at"]
+    keep(sqlite_url, "widths", "caught up")  # the runner keeps the study of the finished sweep
+    now = board.study("widths")  # no run finished since the read before: still read again
+    assert now["read_at"] == "caught up" and "behind" not in now
+    assert board.study("widths") is now  # the sweep's own: kept in memory until a run finishes
+
+
 def test_a_study_kept_by_other_code_or_before_a_run_failed_is_computed_again(db_url, tmp_path):
     db = build(db_url, tmp_path)
     engine = store.connect(db_url)
