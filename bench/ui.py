@@ -180,7 +180,7 @@ def while_training(url: str, sweep: str, port: int, path: str, work: Path, train
             store.update_run(engine, f.id, status=f.status, steps=f.steps, final_train_loss=f.final_train_loss,
                              final_eval_loss=f.final_eval_loss, finished_at=store.utcnow())
 
-    keeper = StudyKeeper(engine, sweep, logging.getLogger("bench-ui"))
+    keeper = StudyKeeper(engine, sweep, store.sweep_named(engine, sweep, store.Sweep.id).id, logging.getLogger("bench-ui"))
     cpu = {"keeper's first keep": keeper.keep()}
     proc = start_server(f"sqlite:///{copy}", port)
     base = f"http://127.0.0.1:{port}"

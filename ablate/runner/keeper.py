@@ -27,10 +27,10 @@ SHARE_WAIT = 20.0  # after a computation, wait at least this many times its CPU 
 class StudyKeeper:
     """The study of sweep `name` kept as its runs start and finish, until `stop()`."""
 
-    def __init__(self, engine: sa.Engine, name: str, log: Any) -> None:
+    def __init__(self, engine: sa.Engine, name: str, sweep_id: int, log: Any) -> None:
         from ablate.results.liveviews import LiveViews
 
-        self.engine, self.name, self.log = engine, name, log
+        self.engine, self.name, self.sweep_id, self.log = engine, name, sweep_id, log
         self.live = LiveViews(name)
         self.kept_key: str | None = None
         self.kept = 0  # studies kept
@@ -45,12 +45,13 @@ class StudyKeeper:
         from ablate.results.study import KEEP_RUNS
 
         try:
-            if _runs_of(engine, name)[1] < KEEP_RUNS:
+            sweep_id, runs = _runs_of(engine, name)
+            if runs < KEEP_RUNS:
                 return None
         except Exception as exc:  # noqa: BLE001 - derived data: never the sweep's failure
             _warn(log, name, exc)
             return None
-        keeper = cls(engine, name, log)
+        keeper = cls(engine, name, sweep_id, log)
         keeper._thread = threading.Thread(target=keeper._loop, name=f"study keeper of {name}", daemon=True)
         keeper._thread.start()
         return keeper
@@ -74,12 +75,11 @@ class StudyKeeper:
         from ablate.results.study import study, study_code, study_key
 
         start = time.thread_time()
-        sweep_id, _ = _runs_of(self.engine, self.name)
-        key = study_key(self.engine, sweep_id)  # read first: a run that finishes meanwhile makes it stale, never wrong
+        key = study_key(self.engine, self.sweep_id)  # read first: a run that finishes meanwhile makes it stale, never wrong
         if key == self.kept_key:
             return time.thread_time() - start
         payload = json.dumps(study(self.engine, self.name, self.live))
-        store.keep_study(self.engine, sweep_id, key, study_code(), payload)
+        store.keep_study(self.engine, self.sweep_id, key, study_code(), payload)
         self.kept_key = key
         self.kept += 1
         spent = time.thread_time() - start
@@ -102,10 +102,10 @@ def keep_final(log: Any, engine: sa.Engine, name: str, keeper: StudyKeeper | Non
     if runner.STOP.is_set():
         return
     try:
-        _, runs = _runs_of(engine, name)
+        sweep_id, runs = _runs_of(engine, name)
         if runs < KEEP_RUNS:
             return
-        keeper = keeper or StudyKeeper(engine, name, log)
+        keeper = keeper or StudyKeeper(engine, name, sweep_id, log)
         keeper.keep()
     except Exception as exc:  # noqa: BLE001 - derived data: the dashboard computes it instead
         _warn(log, name, exc)
