@@ -44,6 +44,8 @@ class Settings(BaseModel):
     warm_trainer: bool | Literal["always"] = Field(
         True, description="0: every trainer starts cold; always: forked on GPU hosts too (unset or 1: only where no GPU is visible)")
     heartbeat_seconds: float = Field(10.0, gt=0, description="how often a running trial says it is alive")
+    flush_seconds: float = Field(30.0, gt=0, description="how often a trainer writes its new metric points and latest "
+                                 "step to the results DB (and at every checkpoint and eval)")
     stale_seconds: float = Field(90.0, gt=0, description="silence after which a running trial counts as dead")
     cancel_grace_seconds: float = Field(120.0, gt=0, description="how long a stopped trainer may take before it is killed")
     stop_grace_seconds: float = Field(5.0, gt=0, description="how long a trainer told to stop during start-up (before its first step) may take before it records the stop itself and ends")

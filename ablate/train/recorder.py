@@ -64,7 +64,8 @@ class Recorder:
         self.claimant = settings.claimant
         self.buffer: list[dict[str, Any]] = []
         self.last_flush = time.monotonic()
-        self.flush_every = settings.flush_every
+        # read as the trainer starts, as the heartbeat below is
+        self.flush_every = environment().flush_seconds if settings.flush_every is None else settings.flush_every
         self.points: list[dict[str, Any]] = []  # everything logged by this process (for callers and tests)
         self.lost = False
         self.stop_reason: str | None = None  # why this trainer was told to stop: "cancelled" or "orphaned"

@@ -29,7 +29,7 @@ class TrainerSettings:
     # seconds of wall time between checkpoints; None: a tenth of the run's expected length, 30 s to 10 min
     checkpoint_every: float | None = None
     log_points: int = 200  # about this many train-loss points per run
-    flush_every: float = 30.0  # seconds between metric writes
+    flush_every: float | None = None  # seconds between metric writes; None: ABLATE_FLUSH_SECONDS (default 30)
     # seconds between reads of the logged train losses from the device: each read is one host sync (PendingLosses)
     read_every: float = 1.0
     warmup_steps: int = 2  # untimed steps (compile, allocator warm-up); state restored afterwards
