@@ -73,3 +73,22 @@ def one_seed_smoke() -> Path:
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         _ONE_SEED.append(path)
     return _ONE_SEED[0]
+
+
+def copy_results(source: str, target: str, skip: tuple[str, ...] = ()) -> None:
+    """Every row of the results DB at `source` into the one at `target` (migrated, empty), ids kept, but the tables
+    in `skip`: what a study read on one engine would be on another."""
+    import sqlalchemy as sa
+
+    from ablate import store
+
+    src, dst = store.connect(source), store.connect(target)
+    tables = [t for t in store.Base.metadata.sorted_tables if t.name not in (*skip, "ablate_meta")]
+    with src.connect() as read, dst.begin() as write:
+        for table in tables:
+            rows = [dict(r._mapping) for r in read.execute(sa.select(table))]
+            if rows:
+                write.execute(sa.insert(table), rows)
+            if dst.dialect.name == "postgresql" and "id" in table.c and rows:  # the next id after the copied ones
+                write.execute(sa.text(f"SELECT setval(pg_get_serial_sequence('{table.name}', 'id'), "
+                                      f"(SELECT max(id) FROM {table.name}))"))

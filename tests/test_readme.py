@@ -13,12 +13,20 @@ def readme_commands() -> list[str]:
     return [line.strip() for line in block.splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
+# .ci/run's stages of README command 2: every test in exactly one (a cluster test is in the last, slow or not)
+STAGES = {"fast": "not slow and not cluster", "slow": "slow and not cluster", "cluster": "cluster"}
+
+
 def test_ci_runs_the_readme_main_job_and_test_command():
     install_and_main, tests = readme_commands()
     ci = (REPO / ".ci" / "run").read_text()
     main_job = install_and_main.split('pip install -e ".[prefect]" && ')[1]
     assert main_job in ci, f"{main_job!r} is not in .ci/run"
-    assert tests in ci.splitlines(), f"{tests!r} is not a line of .ci/run"
+    install, pytest_command = tests.split(" && ")
+    assert install == 'pip install -e ".[test]"' and "-n 2 --dist loadgroup" in pytest_command
+    for name, selection in STAGES.items():  # the README's command, in stages, each with its slowest tests
+        line = f'stage {name} {pytest_command} --durations=25 -m "{selection}"'
+        assert line in ci.splitlines(), f"{line!r} is not a line of .ci/run"
     torch_line = re.search(r"pip install (torch==\S+ --extra-index-url \S+)", install_and_main).group(1)
     assert f"pip install -q {torch_line}" in ci  # the CPU build, as the README installs it
     assert 'pip install -q -e ".[prefect]"' in ci  # the orchestrator is an extra: command 1 needs it

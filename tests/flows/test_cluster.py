@@ -1,10 +1,9 @@
-"""The lab cluster when things go wrong, for real: a local Prefect server, `ablate deploy`, a sweep worker and
-two workers of one trial pool (`ablate worker`, CPU here standing in for two GPU machines), `prefect deployment
-run`. A worker's whole process tree is killed mid-trial (a machine dying), a hub dataset is missing offline,
-a sweep flow run is cancelled, a pool has no worker.
+"""The lab cluster when a machine dies or a sweep is cancelled, for real (tests/flows/cluster.py): a worker's whole
+process tree is killed mid-trial (a machine dying), a hub dataset is missing offline, a pool has no worker, a sweep
+flow run is cancelled, a search flow run's machine dies, a plugin file only the laptop saw.
 
-Heartbeats are 1 s and the stale limit 10 s here (ABLATE_HEARTBEAT_SECONDS, ABLATE_STALE_SECONDS), so the
-test does not wait the 90 s a real cluster would.
+No server outage here (tests/flows/test_cluster_outages.py has them), so `ablate deploy`'s automation crashes a flow
+run silent for 60 s: two of its 30 s beats (the dead-machine search test waits that out).
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,197 +20,27 @@ import sqlalchemy as sa
 import yaml
 
 from ablate import store
-from tests.flows.test_deploy import free_port, wait_healthy
-from tests.runner.test_adaptive_sweep import SPEC as RACE
-from tests.runner.test_adaptive_sweep import check_the_race, race_of
+from tests.flows.cluster import BIN, both_training, cluster_spec, deployed, kill_tree, trainers, tree
 from tests.waiting import Deadline, patience, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-pytestmark = pytest.mark.slow
-
-SAMPLE = {"source": "ablate:tinystories-sample", "eval": {"holdout": 24}, "packing": "pad"}
-
-
-def _spec(name: str, budget: dict, hardware: str, grid: list, dataset: dict = SAMPLE) -> dict:
-    return {"name": name, "dataset": dataset, "tokenizer": {"vocab_size": 512},
-            "budget": {**budget, "hardware": hardware},
-            "defaults": {"architecture": "mixer", "d_model": 32, "layers": 2, "context": 64, "lr": 1e-3,
-                         "batch_size": 8, "compile": False},
-            "grid": grid}
-
-
-class Cluster:
-    def __init__(self, tmp: Path):
-        self.tmp = tmp
-        self.api = f"http://127.0.0.1:{free_port()}/api"
-        self.url = f"sqlite:///{tmp / 'results.db'}"
-        self.env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect"), "PREFECT_API_URL": self.api,
-                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "INFO",
-                    "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp / 'prefect.db'}",
-                    "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "2",
-                    # as docker-compose.yml's server: logs stream to `prefect deployment run --watch`
-                    "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true",
-                    "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true",
-                    "ABLATE_HEARTBEAT_SECONDS": "1", "ABLATE_STALE_SECONDS": "10",
-                    "ABLATE_DISPATCH_POLL_SECONDS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                    # flow runs beat every 30 s (Prefect's least; default 180): `ablate deploy`'s automation crashes
-                    # one silent for 150 s (longer than the server outage of the restart test and a beat)
-                    "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30", "ABLATE_ZOMBIE_SECONDS": "150",
-                    "OMP_NUM_THREADS": "1"}
-        self.procs: list[subprocess.Popen] = []
-        self.logs: list = []
-
-    def start(self, *cmd: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.Popen:
-        """A process of the cluster (its output in proc-N.log); `env`: the cluster's environment, else this one."""
-        log = open(self.tmp / f"proc-{len(self.procs)}.log", "w")  # noqa: SIM115 - open as long as the process; closed at teardown
-        self.logs.append(log)
-        proc = subprocess.Popen(cmd, env=self.env if env is None else env, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=cwd, start_new_session=True)
-        self.procs.append(proc)
-        return proc
-
-    def run(self, *cmd: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(cmd, env=self.env, cwd=REPO, capture_output=True, text=True, timeout=patience(timeout))
-
-    def deployment_run(self, name: str, *params: str) -> str:
-        """Start a deployment run (no watch); its flow run id."""
-        out = self.run(str(BIN / "prefect"), "deployment", "run", name, *(a for p in params for a in ("--param", p)))
-        assert out.returncode == 0, (out.stdout + out.stderr)[-2000:]
-        return re.search(r"UUID:\s*([0-9a-f-]{36})", out.stdout).group(1)
-
-    def start_server(self) -> subprocess.Popen:
-        proc = self.start(str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
-                          self.api.split(":")[-1][:-4])
-        self.server = proc
-        wait_healthy(self.api)
-        return proc
-
-    def trial_flow_runs(self, engine, run_id: int) -> list:
-        """The trial flow runs dispatched for a run (found by the tag the sweep flow gives them), oldest first."""
-        from prefect.client.orchestration import get_client
-        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        from flows.dispatch import run_tag
-
-        with temporary_settings({PREFECT_API_URL: self.api}), get_client(sync_client=True) as client:
-            found = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                tags=FlowRunFilterTags(all_=[run_tag(engine)(run_id)])))
-        return sorted(found, key=lambda fr: fr.created)
-
-    def trial_flow_runs_of(self, sweep_flow_run_id: str) -> list:
-        """The trial flow runs a sweep flow run dispatched."""
-        from prefect.client.orchestration import get_client
-        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        with temporary_settings({PREFECT_API_URL: self.api}), get_client(sync_client=True) as client:
-            return client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[sweep_flow_run_id])))
-
-    def flow_run(self, flow_run_id: str):
-        from prefect.client.orchestration import get_client
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        with temporary_settings({PREFECT_API_URL: self.api}), get_client(sync_client=True) as client:
-            return client.read_flow_run(flow_run_id)
-
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            _kill_tree(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                _kill_tree(proc.pid, signal.SIGKILL)
-        for log in self.logs:
-            log.close()
-
-
-def _children() -> dict[int, list[int]]:
-    """{parent pid: child pids} of every process on this machine, from /proc."""
-    out: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            out.setdefault(ppid, []).append(int(entry.name))
-    return out
-
-
-def _tree(pid: int) -> list[int]:
-    """A process and all its descendants, in whatever session or group they put themselves."""
-    children, todo, found = _children(), [pid], []
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        todo.extend(children.get(p, []))
-    return found
-
-
-def _kill_tree(pid: int, sig: int) -> None:
-    for p in _tree(pid):
-        try:
-            os.kill(p, sig)
-        except ProcessLookupError:
-            pass
-
-
-def trainers(run_ids: list[int], cluster: Cluster) -> list[int]:
-    """Pids of `ablate.train` processes training any of these runs of this cluster (any parent; found by the
-    cluster's PREFECT_HOME in their environment: another test session's cluster on this machine has runs of the
-    same ids)."""
-    found = []
-    wanted = {str(r) for r in run_ids}
-    home = f"PREFECT_HOME={cluster.env['PREFECT_HOME']}".encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-                args = [a.decode(errors="replace") for a in argv]
-                if not ("ablate.train" in args and "--run-id" in args and args[args.index("--run-id") + 1] in wanted):
-                    continue
-                if home in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("cluster")
-    sweeps = tmp / "sweeps"
-    sweeps.mkdir()
     specs = [
-        _spec("resume", {"wall_clock": 24}, "lab", [{"d_model": [32]}]),
-        _spec("cancel", {"wall_clock": 600}, "lab", [{"d_model": [32, 48]}]),
-        _spec("nobody", {"steps": 5}, "idle", [{"d_model": [32, 48]}]),
-        _spec("outage", {"wall_clock": 20}, "lab", [{"d_model": [32, 48, 64]}]),
-        {**{k: v for k, v in _spec("zombie", {"wall_clock": 600}, "lab", []).items() if k != "grid"},
+        cluster_spec("resume", {"wall_clock": 24}, "lab", [{"d_model": [32]}]),
+        cluster_spec("cancel", {"wall_clock": 600}, "lab", [{"d_model": [32, 48]}]),
+        cluster_spec("nobody", {"steps": 5}, "idle", [{"d_model": [32, 48]}]),
+        {**{k: v for k, v in cluster_spec("zombie", {"wall_clock": 600}, "lab", []).items() if k != "grid"},
          "search": {"parameters": {"lr": {"type": "float", "low": 1e-4, "high": 1e-3, "log": True}}, "n_trials": 1}},
-        {**{k: v for k, v in _spec("takeover", {"wall_clock": 20}, "lab", []).items() if k != "grid"},
+        {**{k: v for k, v in cluster_spec("takeover", {"wall_clock": 20}, "lab", []).items() if k != "grid"},
          "search": {"parameters": {"lr": {"type": "float", "low": 1e-4, "high": 1e-3, "log": True}}, "n_trials": 2}},
-        _spec("hub", {"steps": 5}, "lab", [{"d_model": [32]}],
-              dataset={"source": "roneneldan/TinyStories", "eval": {"split": "validation"}}),
-        {**RACE, "budget": {**RACE["budget"], "hardware": "lab"}},
+        cluster_spec("hub", {"steps": 5}, "lab", [{"d_model": [32]}],
+                     dataset={"source": "roneneldan/TinyStories", "eval": {"split": "validation"}}),
     ]
-    for spec in specs:
-        (sweeps / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    c = Cluster(tmp)
-    try:
-        c.start_server()
-        deployed = c.run(str(BIN / "ablate"), "deploy", "--sweeps", str(sweeps), "--db", c.url, "--artifacts",
-                         str(tmp / "art"), "--slots", "lab=2", timeout=patience(180))
-        assert deployed.returncode == 0, deployed.stderr[-3000:]
-        c.start(str(BIN / "prefect"), "worker", "start", "--pool", "sweeps", "--name", "sweeps-worker")
-        c.workers = [c.start(str(BIN / "ablate"), "worker", "--pool", "lab") for _ in range(2)]
+    with deployed(tmp_path_factory.mktemp("cluster"), specs, ABLATE_ZOMBIE_SECONDS="60") as c:
         yield c
-    finally:
-        c.stop()
 
 
 def test_a_machine_that_dies_mid_trial_loses_its_run_to_the_other_worker_which_resumes_it(cluster):
@@ -234,11 +62,11 @@ def test_a_machine_that_dies_mid_trial_loses_its_run_to_the_other_worker_which_r
         time.sleep(0.5)
     time.sleep(2)
     row = run_row()
-    victim = next(w for w in cluster.workers if row.pid in _tree(w.pid))
+    victim = next(w for w in cluster.workers if row.pid in tree(w.pid))
     with engine.connect() as conn:
         kept = conn.execute(sa.select(sa.func.max(store.Metric.id)).where(store.Metric.run_id == row.id)).scalar()
     killed_at = time.monotonic()
-    _kill_tree(victim.pid, signal.SIGKILL)  # the machine dies: worker, flow run process and trainer at once
+    kill_tree(victim.pid, signal.SIGKILL)  # the machine dies: worker, flow run process and trainer at once
 
     deadline = Deadline(300)
     resumed_at = None
@@ -341,25 +169,11 @@ def test_a_pool_without_a_worker_is_said_in_the_sweep_log_and_a_cancel_reaches_i
         logs[-2000:]
 
 
-def _both_training(cluster, engine, sweep: str) -> list[int]:
-    """The ids of the sweep's two runs, once both train (a step logged, a trainer process each)."""
-    deadline = Deadline(240)
-    while True:
-        with engine.connect() as conn:
-            rows = conn.execute(sa.select(store.Run.id, store.Run.status, store.Run.last_step).join(store.Sweep)
-                                .where(store.Sweep.name == sweep)).all()
-        ids = [r.id for r in rows]
-        if rows and all(r.status == "running" and r.last_step for r in rows) and len(trainers(ids, cluster)) == 2:
-            return ids
-        deadline.check(rows)
-        time.sleep(0.5)
-
-
 def test_cancelling_a_sweep_flow_run_leaves_no_trainer_running_within_30_s(cluster):
     flow_run_id = cluster.deployment_run("sweep/cancel")
     watching = cluster.start(str(BIN / "ablate"), "sweep", "watch", "cancel", "--db", cluster.url, "--poll", "1")
     engine = store.connect(cluster.url)
-    ids = _both_training(cluster, engine, "cancel")
+    ids = both_training(cluster, engine, "cancel")
     t0, stopping = time.monotonic(), Deadline(30)
     assert cluster.run(str(BIN / "prefect"), "flow-run", "cancel", flow_run_id).returncode == 0
     while trainers(ids, cluster):
@@ -389,7 +203,7 @@ def test_ablate_sweep_cancel_ends_the_trainers_and_the_sweep_flow_cancelled_with
     seen = len(sweeps_log.read_text())
     flow_run_id = cluster.deployment_run("sweep/cancel", "name=cancel-by-ablate")
     engine = store.connect(cluster.url)
-    ids = _both_training(cluster, engine, "cancel-by-ablate")
+    ids = both_training(cluster, engine, "cancel-by-ablate")
     watching = cluster.start(str(BIN / "ablate"), "sweep", "watch", "cancel-by-ablate", "--db", cluster.url,
                              "--poll", "1")
     t0 = time.monotonic()
@@ -402,79 +216,6 @@ def test_ablate_sweep_cancel_ends_the_trainers_and_the_sweep_flow_cancelled_with
     assert watching.wait(timeout=patience(60)) == 3
     said = sweeps_log.read_text()[seen:]
     assert "Unexpected result" not in said and "Traceback" not in said and "| ERROR" not in said, said[-3000:]
-
-
-def test_a_sweep_that_lived_through_a_server_restart_still_cancels_its_trainers(cluster):
-    """Prefect's cancellation observer (in the process worker) gives up for good after about 30 s without an API,
-    so after this 40-s outage Prefect never stops the sweep flow's process: the flow finds itself Cancelling and
-    cancels its trials, and the trainers stop all the same (a 10-s outage reached them through Prefect on an idle
-    machine and never on a busy one, where the server took as long again to come back)."""
-    sweeps_log = cluster.tmp / "proc-1.log"
-    flow_run_id = cluster.deployment_run("sweep/cancel", "name=cancel-after-outage")
-    engine = store.connect(cluster.url)
-    ids = _both_training(cluster, engine, "cancel-after-outage")
-    _kill_tree(cluster.server.pid, signal.SIGKILL)
-    cluster.server.wait()
-    time.sleep(40)
-    cluster.start_server()
-    time.sleep(5)
-    watching = cluster.start(str(BIN / "ablate"), "sweep", "watch", "cancel-after-outage", "--db", cluster.url,
-                             "--poll", "1")
-    t0 = time.monotonic()
-    assert cluster.run(str(BIN / "prefect"), "flow-run", "cancel", flow_run_id).returncode == 0
-    wait_until(lambda: not trainers(ids, cluster), 90, "trainers still running after the cancel")
-    by = "the flow itself" if "was not stopped: cancelling its trials here" in sweeps_log.read_text() else "Prefect"
-    print(f"timings: after a server restart, both trainers gone {time.monotonic() - t0:.1f} s after the cancel "
-          f"(cancelled by {by})")
-    assert watching.wait(timeout=patience(90)) == 3
-    with engine.connect() as conn:
-        statuses = conn.execute(sa.select(store.Run.status).where(store.Run.id.in_(ids))).scalars().all()
-    assert statuses == ["cancelled", "cancelled"], statuses
-
-
-def test_a_prefect_server_restart_mid_sweep_is_ridden_out_and_nothing_is_trained_twice(cluster):
-    """The server is down longer than Prefect's own client retries (5, about a minute): the sweep flow rides it
-    out, trials that ended meanwhile are read from the DB, the waiting one runs after; a second run of the
-    deployment trains nothing again."""
-    flow_run_id = cluster.deployment_run("sweep/outage")
-    watching = cluster.start(str(BIN / "ablate"), "sweep", "watch", "outage", "--db", cluster.url, "--poll", "1")
-    engine = store.connect(cluster.url)
-
-    def rows():
-        with engine.connect() as conn:
-            return conn.execute(sa.select(store.Run.id, store.Run.status, store.Run.attempts, store.Run.last_step).join(store.Sweep)
-                                .where(store.Sweep.name == "outage").order_by(store.Run.id)).all()
-
-    deadline = Deadline(240)
-    while sum(r.status == "running" and (r.last_step or 0) > 0 for r in rows()) < 2:
-        deadline.check(rows())
-        time.sleep(0.5)
-    _kill_tree(cluster.server.pid, signal.SIGKILL)
-    cluster.server.wait()
-    down = time.monotonic()
-    time.sleep(75)
-    cluster.start_server()
-    print(f"timings: Prefect server down {time.monotonic() - down:.0f} s")
-    deadline = Deadline(400)
-    while not (state := cluster.flow_run(flow_run_id).state).is_final():
-        deadline.check((state, rows()))
-        time.sleep(2)
-    logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
-    assert state.is_completed(), (state, logs[-3000:])
-    # seen by ride_out, or hidden inside Prefect's own client retries (a call started mid-outage) and said once back
-    seen = "the Prefect API is unreachable" in logs and "the Prefect API is back after" in logs
-    assert seen or "the Prefect API answered only after" in logs, logs[-3000:]
-    assert "has no live worker" not in logs  # both workers lived through it: no false alarm once it is back
-    assert watching.wait(timeout=patience(60)) == 0  # `ablate sweep watch` rode it out: completed
-    watched = Path(cluster.logs[cluster.procs.index(watching)].name).read_text()
-    assert "the Prefect API went away" in watched and "the Prefect API is back after" in watched, watched
-    assert "sweep outage: 3/3 finished (3 completed); flow run" in watched, watched
-    final = rows()
-    assert [(r.status, r.attempts) for r in final] == [("completed", 1)] * 3, final
-    again = cluster.run(str(BIN / "prefect"), "deployment", "run", "sweep/outage", "--watch", "--watch-timeout",
-                        "300", timeout=360)
-    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-    assert [(r.status, r.attempts) for r in rows()] == [("completed", 1)] * 3  # nothing trained again
 
 
 def test_a_search_flow_run_on_a_dead_machine_is_marked_crashed(cluster):
@@ -490,8 +231,8 @@ def test_a_search_flow_run_on_a_dead_machine_is_marked_crashed(cluster):
             break
         deadline.check(row)
         time.sleep(1)
-    victim = next(w for w in cluster.workers if row.pid in _tree(w.pid))
-    _kill_tree(victim.pid, signal.SIGKILL)  # the machine dies with the search flow run on it
+    victim = next(w for w in cluster.workers if row.pid in tree(w.pid))
+    kill_tree(victim.pid, signal.SIGKILL)  # the machine dies with the search flow run on it
     killed = time.monotonic()
     deadline = Deadline(300)
     while not (state := cluster.flow_run(flow_run_id).state).is_final():
@@ -513,7 +254,7 @@ def test_a_plugin_file_trains_on_a_worker_that_never_saw_it_and_a_missing_packag
     laptop.mkdir()
     plugin = laptop / "convmix.py"
     plugin.write_text(MIXER.replace("{name}", "conv-cluster").replace("{tag}", "cluster"))
-    spec = _spec("plugged", {"steps": 6}, "lab", [{"architecture": ["conv-cluster"], "d_model": [32, 48]}])
+    spec = cluster_spec("plugged", {"steps": 6}, "lab", [{"architecture": ["conv-cluster"], "d_model": [32, 48]}])
     (laptop / "plugged.yaml").write_text(yaml.safe_dump({**spec, "plugins": ["./convmix.py"]}, sort_keys=False))
     registered = subprocess.run([str(BIN / "ablate"), "sweep", "register", "plugged.yaml", "--db", cluster.url],
                                 env=cluster.env, cwd=laptop, capture_output=True, text=True, timeout=patience(120))
@@ -545,7 +286,7 @@ def test_a_plugin_file_trains_on_a_worker_that_never_saw_it_and_a_missing_packag
 def test_a_search_worker_takes_over_the_trial_of_one_that_died(cluster):
     """Two search flow runs share a study of 2 trials, one per worker; one machine dies mid-trial. The survivor,
     its own trial done and n_trials counted, does not end the search with the dead trial RUNNING: the run's
-    heartbeat goes stale (10 s here) and the survivor trains it from its checkpoint."""
+    heartbeat goes stale (20 s here) and the survivor trains it from its checkpoint."""
     first = cluster.deployment_run("search/takeover", "checkpoint_every=2")
     second = cluster.deployment_run("search/takeover", "checkpoint_every=2")
     engine = store.connect(cluster.url)
@@ -560,12 +301,12 @@ def test_a_search_worker_takes_over_the_trial_of_one_that_died(cluster):
         deadline.check(now)
         time.sleep(0.5)
     victim_run = now[0]
-    victim = next(w for w in cluster.workers if victim_run.pid in _tree(w.pid))
+    victim = next(w for w in cluster.workers if victim_run.pid in tree(w.pid))
     dead_flow = next(f for f in (first, second)
                      if str(cluster.flow_run(f).infrastructure_pid or "").rsplit(":", 1)[-1].isdigit()
-                     and int(str(cluster.flow_run(f).infrastructure_pid).rsplit(":", 1)[-1]) in _tree(victim.pid))
+                     and int(str(cluster.flow_run(f).infrastructure_pid).rsplit(":", 1)[-1]) in tree(victim.pid))
     survivor_flow = second if dead_flow == first else first
-    _kill_tree(victim.pid, signal.SIGKILL)
+    kill_tree(victim.pid, signal.SIGKILL)
     killed = time.monotonic()
     deadline = Deadline(300)
     while not (state := cluster.flow_run(survivor_flow).state).is_final():
@@ -579,29 +320,3 @@ def test_a_search_worker_takes_over_the_trial_of_one_that_died(cluster):
     logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", survivor_flow).stdout
     assert "search takeover: 2 trials run here" in logs, logs[-2000:]
     cluster.workers[cluster.workers.index(victim)] = cluster.start(str(BIN / "ablate"), "worker", "--pool", "lab")
-
-
-def test_an_adaptive_sweep_races_on_the_pool_round_by_round_and_a_second_run_trains_nothing(cluster):
-    """`adaptive:` through the deployment: the sweep flow sends each round's seeds to the pool's workers as trial
-    flow runs, decides from the DB between rounds, and ends when the race is over. The obvious claim is decided
-    at `min`, the null one runs on; every seed is dispatched once; a second run of the deployment reads the
-    finished race and dispatches nothing."""
-    flow_run_id = cluster.deployment_run("sweep/race")
-    deadline = Deadline(900)
-    while not (state := cluster.flow_run(flow_run_id).state).is_final():
-        deadline.check(state)
-        time.sleep(2)
-    logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", flow_run_id).stdout
-    assert state.is_completed(), (state, logs[-3000:])
-    decisions, seeds = race_of(cluster.url)
-    check_the_race(decisions, seeds)
-    runs = sum(map(len, seeds.values()))
-    assert len(cluster.trial_flow_runs_of(flow_run_id)) == runs  # each seed dispatched to the pool once
-    assert "more seed run(s) for the undecided claims" in logs and "sweep race: race over:" in logs, logs[-3000:]
-    again = cluster.deployment_run("sweep/race")
-    deadline = Deadline(300)
-    while not (state := cluster.flow_run(again).state).is_final():
-        deadline.check(state)
-        time.sleep(2)
-    assert state.is_completed() and cluster.trial_flow_runs_of(again) == [], state
-    assert race_of(cluster.url) == (decisions, seeds)  # no run, no decision added

@@ -15,10 +15,10 @@ import yaml
 
 from ablate import store
 from conftest import throwaway_postgres
-from tests.flows.test_cluster import BIN, Cluster, _kill_tree, _spec
+from tests.flows.cluster import BIN, Cluster, cluster_spec, kill_tree
 from tests.waiting import Deadline, patience, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def hosts(tmp_path_factory, results_db):
     tmp = tmp_path_factory.mktemp("hosts")
     sweeps = tmp / "sweeps"
     sweeps.mkdir()
-    spec = _spec("owed", {"steps": 5}, "lab", [{"d_model": [32]}])
+    spec = cluster_spec("owed", {"steps": 5}, "lab", [{"d_model": [32]}])
     (sweeps / "owed.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     c = Cluster(tmp)
     c.url = results_db
@@ -93,7 +93,7 @@ def test_a_run_the_broken_host_failed_goes_to_the_other_host_and_trains_once(hos
             return live_hosts(client, "lab") == ["gpu-a", "gpu-b"]
 
     wait_until(both_online, 120, "gpu-b's worker never came online")
-    _kill_tree(good.pid, signal.SIGSTOP)  # gpu-b looks away: gpu-a, free first, takes the run (and fails it)
+    kill_tree(good.pid, signal.SIGSTOP)  # gpu-b looks away: gpu-a, free first, takes the run (and fails it)
     try:
         run = _run(engine, "owed")
         before = len(hosts.trial_flow_runs(engine, run.id))
@@ -105,7 +105,7 @@ def test_a_run_the_broken_host_failed_goes_to_the_other_host_and_trains_once(hos
 
         wait_until(failed_on_a, 120, "gpu-a never failed the run")
     finally:
-        _kill_tree(good.pid, signal.SIGCONT)
+        kill_tree(good.pid, signal.SIGCONT)
     state = _final(hosts, flow_run_id)
     done = _run(engine, "owed")
     assert state.is_completed(), state.message

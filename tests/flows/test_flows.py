@@ -18,18 +18,9 @@ import yaml
 from ablate import runner, store
 from ablate.config.errors import AblateError
 from ablate.config import TrialConfig
-from tests.waiting import Deadline, patience
+from tests.waiting import Deadline
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def prefect_harness():
-    """Prefect's test harness: a temporary API server for the module (real flow runs, no mocks)."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=int(patience(120))):
-        yield
 
 
 def smoke_spec(tmp_path: Path, **budget) -> Path:
@@ -75,7 +66,7 @@ def metric_count(url: str, run_id: int | None = None) -> int:
 
 
 @pytest.mark.slow
-def test_smoke_sweep_end_to_end_then_only_what_is_owed(prefect_harness, tmp_path, monkeypatch):
+def test_smoke_sweep_end_to_end_then_only_what_is_owed(prefect_api, tmp_path, monkeypatch):
     from ablate.runner import warm
     from flows.sweep import sweep
 
@@ -110,11 +101,13 @@ def test_smoke_sweep_end_to_end_then_only_what_is_owed(prefect_harness, tmp_path
 
 
 @pytest.mark.slow
-def test_killed_trial_is_resumed_by_the_next_sweep_without_duplicate_metrics(prefect_harness, tmp_path):
+def test_killed_trial_is_resumed_by_the_next_sweep_without_duplicate_metrics(prefect_api, tmp_path):
     from flows.sweep import sweep
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    steps = 3000  # long enough that the kill lands mid-run on a fast idle machine too; ~45 s in all, idle
+    # long enough that the kill (at the first checkpoint, 1 s in, and 3 points) lands mid-run on a fast idle machine
+    # too: ~15 s in all, idle, the kill after 2-4 s; every step more is trained by the resume, not by the kill
+    steps = 1000
     spec = smoke_spec(tmp_path, steps=steps)
     spec_data = yaml.safe_load(spec.read_text())
     spec_data["grid"] = [{"architecture": "mixer", "d_model": 32}]
@@ -144,7 +137,7 @@ def test_killed_trial_is_resumed_by_the_next_sweep_without_duplicate_metrics(pre
 
 
 @pytest.mark.slow
-def test_diverged_and_oom_trials_are_results_while_others_complete(prefect_harness, tmp_path):
+def test_diverged_and_oom_trials_are_results_while_others_complete(prefect_api, tmp_path):
     from flows.sweep import sweep
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
@@ -163,7 +156,7 @@ def test_diverged_and_oom_trials_are_results_while_others_complete(prefect_harne
 
 
 @pytest.mark.slow
-def test_the_sweep_flow_runs_a_study_sweep_on_a_local_corpus_and_one_gpu_by_its_parameters(prefect_harness, tmp_path):
+def test_the_sweep_flow_runs_a_study_sweep_on_a_local_corpus_and_one_gpu_by_its_parameters(prefect_api, tmp_path):
     """`prefect deployment run sweep/NAME --param source=... --param gpus=1`: a study spec that evaluates on the
     hub's validation split and trains on 2 GPUs runs here on the embedded sample, one process, the same global
     batch (before: the flow failed on the split, and no parameter could change the GPU count)."""
@@ -185,7 +178,7 @@ def test_the_sweep_flow_runs_a_study_sweep_on_a_local_corpus_and_one_gpu_by_its_
 
 
 @pytest.mark.slow
-def test_a_hardware_override_with_no_pool_is_refused_before_anything_is_registered(prefect_harness, tmp_path):
+def test_a_hardware_override_with_no_pool_is_refused_before_anything_is_registered(prefect_api, tmp_path):
     from ablate.config.errors import AblateError
     from flows.sweep import sweep
 
@@ -197,7 +190,7 @@ def test_a_hardware_override_with_no_pool_is_refused_before_anything_is_register
 
 
 @pytest.mark.slow
-def test_a_bad_launch_parameter_of_the_sweep_flow_is_named_before_anything_is_written(prefect_harness, tmp_path):
+def test_a_bad_launch_parameter_of_the_sweep_flow_is_named_before_anything_is_written(prefect_api, tmp_path):
     """`prefect deployment run sweep/NAME --param threads=-1`: Prefect checks only the type; ablate names the rest."""
     from flows.sweep import sweep
 
@@ -209,7 +202,7 @@ def test_a_bad_launch_parameter_of_the_sweep_flow_is_named_before_anything_is_wr
 
 
 @pytest.mark.slow
-def test_a_trial_deployment_an_older_ablate_registered_is_refused_with_the_fix(prefect_harness):
+def test_a_trial_deployment_an_older_ablate_registered_is_refused_with_the_fix(prefect_api):
     """Its stored flat parameters (db_url, artifacts) would fail every trial it ran: the sweep says so once."""
     from ablate.config.launch import LaunchOptions
     from flows.deploy import _deploy, ensure_pool
@@ -229,7 +222,7 @@ def test_a_trial_deployment_an_older_ablate_registered_is_refused_with_the_fix(p
 
 @pytest.mark.slow
 @pytest.mark.parametrize("passed_runs", [None, 1])
-def test_sweep_run_loads_and_registers_the_sweep_once(prefect_harness, tmp_path, monkeypatch, capsys, passed_runs):
+def test_sweep_run_loads_and_registers_the_sweep_once(prefect_api, tmp_path, monkeypatch, capsys, passed_runs):
     """`ablate sweep run` checks the spec and data and registers the runs before Prefect starts; the sweep flow
     then runs that registration, without reading, expanding and registering the spec a second time (a sweep of
     more runs than a flow parameter can list, PASSED_RUNS, is registered again by the flow)."""
@@ -269,7 +262,7 @@ def test_sweep_run_loads_and_registers_the_sweep_once(prefect_harness, tmp_path,
 
 
 @pytest.mark.slow
-def test_sweep_run_exits_1_when_runs_it_owed_ended_cancelled(prefect_harness, tmp_path, monkeypatch, capsys):
+def test_sweep_run_exits_1_when_runs_it_owed_ended_cancelled(prefect_api, tmp_path, monkeypatch, capsys):
     """`ablate sweep run S && ablate report S` must not report as if the sweep had finished."""
     import signal
 

@@ -18,6 +18,7 @@ from ablate.results import sqlguard
 from ablate.cli import main
 from ablate.config.errors import AblateError
 from ablate.config import load_trials
+from tests.waiting import patience
 
 pytestmark = pytest.mark.hardening  # a campaign across the house: `pytest -m hardening`
 
@@ -242,7 +243,7 @@ def test_a_long_query_stops_at_the_timeout_with_a_clear_message(registered):
              "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1000000000) SELECT count(*) FROM c")
     start = time.monotonic()
     message = refused(registered, query, timeout_seconds=1)
-    assert time.monotonic() - start < 2.5
+    assert time.monotonic() - start < patience(2.5)  # the 1 s limit, then at once
     assert message == "the query ran past the 1 s limit; narrow it or pass --timeout SECONDS"
     # the pooled connection is usable afterwards, its handler and authorizer gone
     assert results.read_only_query("SELECT 1 AS one", registered) == (["one"], [(1,)])
@@ -254,7 +255,7 @@ def test_the_timeout_flag_from_the_cli(registered, capsys):
         "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1000000000) SELECT count(*) FROM c"
     start = time.monotonic()
     assert main(["sql", query, "--timeout", "0.5", "--db", registered]) == 2
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < patience(2)  # the 0.5 s limit, then at once
     assert "ran past the 0.5 s limit" in capsys.readouterr().err
 
 
@@ -286,7 +287,7 @@ def test_a_result_over_the_byte_cap_is_refused_quickly_with_the_limit(registered
         message = refused(registered, query, max_bytes=64 << 20)
         assert message == ("the query's result is over the 64 MiB limit; select fewer or shorter values, or pass "
                            "--max-bytes N (0: no limit)"), message
-        assert time.monotonic() - t0 < 20, query
+        assert time.monotonic() - t0 < patience(20), query
     if huge:  # a value made inside the query and never returned is capped too (SQLite's own length limit)
         assert "64 MiB" in refused(registered, huge, max_bytes=64 << 20)
     assert results.read_only_query("SELECT 'abc'", registered, max_bytes=3)[1] == [("abc",)]
@@ -383,6 +384,7 @@ def test_a_foreign_sqlite_file_is_not_touched(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.db"]
 
 
+@pytest.mark.bare_database
 def test_an_empty_database_stays_empty(db_url, capsys):
     if not is_postgres(db_url):
         Path(sa.make_url(db_url).database).touch()
@@ -393,6 +395,7 @@ def test_an_empty_database_stays_empty(db_url, capsys):
     engine.dispose()
 
 
+@pytest.mark.bare_database  # migrated from an older revision
 def test_an_older_database_is_not_migrated(db_url, capsys):
     from alembic import command
 

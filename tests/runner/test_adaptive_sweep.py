@@ -1,7 +1,10 @@
 """An adaptive sweep end to end on CPU with real training on the embedded TinyStories sample: a claim that is
 obviously true (d_model 64 below d_model 8) stops at `min` seeds; one with no real difference (lr 1% apart) runs on
 to futility or `max`. The same decisions on SQLite and PostgreSQL, and again after the race was killed mid-round
-and run again (no seed trained twice, each decision recorded once)."""
+and run again (no seed trained twice, each decision recorded once).
+
+The clean race is trained once for the module (each test reads it; a race is 16 runs): PostgreSQL replays its
+runs, as `next_round` replays every race from the DB, and the killed race is compared with it."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,7 +21,7 @@ import sqlalchemy as sa
 import yaml
 
 from ablate import store
-from tests.helpers import cli_env
+from tests.helpers import cli_env, copy_results
 from tests.waiting import Deadline, patience
 
 SPEC = {
@@ -41,10 +45,12 @@ def write_spec(tmp_path: Path) -> Path:
     return path
 
 
-def sweep_run(spec: Path, url: str, art: Path, **popen) -> subprocess.Popen:
+def sweep_run(spec: Path, url: str, art: Path, api: str | None = None, **popen) -> subprocess.Popen:
+    """`ablate sweep run`, on the Prefect API `api` (the test process's), else on a local server of its own."""
+    env = cli_env(HF_HUB_OFFLINE="1", **({"PREFECT_API_URL": api} if api else {}))
     return subprocess.Popen([sys.executable, "-m", "ablate.cli", "sweep", "run", str(spec), "--db", url, "--artifacts",
-                             str(art), "--threads", "1"], env=cli_env(HF_HUB_OFFLINE="1"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **popen)
+                             str(art), "--threads", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, **popen)
 
 
 def finished(proc: subprocess.Popen) -> str:
@@ -86,18 +92,31 @@ def check_the_race(decisions: list[tuple], seeds: dict[tuple, list[int]]) -> Non
     assert n > 2 and seeds[(16, 0.003)] == seeds[(16, 0.00303)] == list(range(n))  # ran on, each seed once
 
 
+@dataclass
+class Race:
+    spec: Path
+    url: str
+    art: Path
+    decisions: list[tuple]
+    seeds: dict[tuple, list[int]]
+
+
+@pytest.fixture(scope="module")
+def clean_race(tmp_path_factory, prefect_server) -> Race:
+    """The race trained once, from a clean SQLite DB, for every test here that reads it."""
+    tmp = tmp_path_factory.mktemp("race")
+    spec, art, url = write_spec(tmp), tmp / "art", f"sqlite:///{tmp / 'clean.db'}"
+    finished(sweep_run(spec, url, art, prefect_server))
+    return Race(spec, url, art, *race_of(url))
+
+
 @pytest.mark.slow
-def test_a_race_decides_the_obvious_claim_at_min_seeds_and_runs_the_null_one_on(tmp_path, postgres_url):
-    spec, art = write_spec(tmp_path), tmp_path / "art"
-    url = f"sqlite:///{tmp_path / 'clean.db'}"
-    finished(sweep_run(spec, url, art))
-    decisions, seeds = race_of(url)
+def test_a_race_decides_the_obvious_claim_at_min_seeds_and_runs_the_null_one_on(clean_race, tmp_path, prefect_api):
+    decisions, seeds, url = clean_race.decisions, clean_race.seeds, clean_race.url
     check_the_race(decisions, seeds)
     print(f"race: {decisions[-1]} after {sum(map(len, seeds.values()))} runs")
-    again = finished(sweep_run(spec, url, art))  # the race is over: a second run trains nothing
+    again = finished(sweep_run(clean_race.spec, url, clean_race.art, prefect_api))  # the race is over: trains nothing
     assert race_of(url) == (decisions, seeds), again[-3000:]
-    finished(sweep_run(spec, postgres_url, art))
-    assert race_of(postgres_url) == (decisions, seeds)  # the same losses on CPU: the same race on PostgreSQL
     report = tmp_path / "report"
     done = subprocess.run([sys.executable, "-m", "ablate.cli", "report", "race", "--db", url, "--out", str(report)],
                           env=cli_env(), capture_output=True, text=True, timeout=patience(300))
@@ -108,7 +127,23 @@ def test_a_race_decides_the_obvious_claim_at_min_seeds_and_runs_the_null_one_on(
 
 
 @pytest.mark.slow
-def test_a_race_killed_mid_round_resumes_to_the_same_decisions(tmp_path):
+def test_the_same_runs_on_postgresql_make_the_same_race(clean_race, postgres_url, prefect_api):
+    """The clean race's runs and curves copied into PostgreSQL without its decisions: `sweep run` there replays the
+    race from the DB round by round, decides the same, and trains nothing."""
+    copy_results(clean_race.url, postgres_url, skip=("race_decisions", "study_cache"))
+    trained = metric_ids(postgres_url)
+    finished(sweep_run(clean_race.spec, postgres_url, clean_race.art, prefect_api))
+    assert race_of(postgres_url) == (clean_race.decisions, clean_race.seeds)
+    assert metric_ids(postgres_url) == trained  # no point logged again: nothing trained
+
+
+def metric_ids(url: str) -> int:
+    with store.connect(url).connect() as conn:
+        return conn.execute(sa.select(sa.func.count(), sa.func.max(store.Metric.id)).select_from(store.Metric)).one()
+
+
+@pytest.mark.slow
+def test_a_race_killed_mid_round_resumes_to_the_same_decisions(clean_race, tmp_path):
     spec, art = write_spec(tmp_path), tmp_path / "art"
     url = f"sqlite:///{tmp_path / 'killed.db'}"
     proc = sweep_run(spec, url, art, start_new_session=True)
@@ -126,6 +161,4 @@ def test_a_race_killed_mid_round_resumes_to_the_same_decisions(tmp_path):
     finished(sweep_run(spec, url, art))
     decisions, seeds = race_of(url)
     check_the_race(decisions, seeds)
-    clean = f"sqlite:///{tmp_path / 'clean.db'}"
-    finished(sweep_run(spec, clean, art))
-    assert race_of(clean) == (decisions, seeds)
+    assert (decisions, seeds) == (clean_race.decisions, clean_race.seeds)  # the clean race's, killed or not

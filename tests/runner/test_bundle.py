@@ -102,8 +102,11 @@ def test_a_folder_that_is_no_bundle_is_refused_and_left_as_it_was(tmp_path, caps
 
 
 def _clean_pip_env(**extra: str) -> dict[str, str]:
-    """No index, find-links or config from this machine: the venv sees only the bundle (an offline node)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k not in ("PYTHONPATH", "ABLATE_DB_URL")}
+    """No index, find-links or config from this machine: the venv sees only the bundle (an offline node). Its
+    bytecode is written as it imports (the node's torch is installed uncompiled, and a shell that sets
+    PYTHONDONTWRITEBYTECODE would compile torch's modules again in each of the node check's processes)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PIP_") and k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "ABLATE_DB_URL")}
     return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", **extra}
 
 
@@ -120,8 +123,9 @@ def test_a_bundle_installs_offline_beside_the_nodes_torch_and_the_node_check_run
     node = tmp_path / "node"
     venv.create(node, with_pip=True)
     python = node / "bin" / "python"
-    # the node's own torch: this machine's build, from wherever this machine's pip finds it (a local file here)
-    _run([python, "-m", "pip", "install", "-q", f"torch=={torch.__version__}"], 600)
+    # the node's own torch: this machine's build, from wherever this machine's pip finds it (a local file here);
+    # uncompiled (its bytecode is written as the node imports it): 25 -> 8 s, and it is the node's, not under test
+    _run([python, "-m", "pip", "install", "-q", "--no-compile", f"torch=={torch.__version__}"], 600)
     freeze = _run([python, "-m", "pip", "list", "--format", "freeze"], 120, env=_clean_pip_env()).stdout
     (tmp_path / "node.txt").write_text(freeze)
     torch_line = next(line for line in freeze.splitlines() if line.lower().startswith("torch=="))
@@ -136,8 +140,9 @@ def test_a_bundle_installs_offline_beside_the_nodes_torch_and_the_node_check_run
     assert "torch" in info["left_to_node"] and info["commit"] and not (tmp_path / "bundle.partial").exists()
 
     assert (out / "requirements.txt").read_text().split() == ["ablate", "pytest"]
-    _run([python, "-m", "pip", "install", "-q", "--no-index", "--find-links", out, "-r", out / "requirements.txt"], 900,
-         cwd=tmp_path, env=_clean_pip_env())
+    # docs/offline-gpu.md's install, uncompiled as the node's torch was (the node check compiles what it imports)
+    _run([python, "-m", "pip", "install", "-q", "--no-compile", "--no-index", "--find-links", out, "-r",
+          out / "requirements.txt"], 900, cwd=tmp_path, env=_clean_pip_env())
     after = _run([python, "-m", "pip", "list", "--format", "freeze"], 120, env=_clean_pip_env()).stdout
     assert torch_line in after.splitlines()  # the node's torch, untouched
     _run([python, "-m", "pip", "check"], 120, env=_clean_pip_env())

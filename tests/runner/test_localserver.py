@@ -28,7 +28,9 @@ if sys.argv[1] == "stay":
 
 def _env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    return {**env, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    return {**env, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            # the server's start-up limit (90 s unset), scaled like every wait: a loaded machine is not a failure
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(int(patience(90)))}
 
 
 def _parent_of(pid: int) -> int:

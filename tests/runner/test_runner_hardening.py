@@ -31,7 +31,7 @@ pytestmark = pytest.mark.hardening
 
 
 @pytest.mark.slow
-def test_two_runners_and_a_search_at_once_train_each_trial_exactly_once(any_url, tmp_path):
+def test_two_runners_and_a_search_at_once_train_each_trial_exactly_once(any_url, tmp_path, prefect_api):
     from tests.search.test_search import tiny, write_spec
 
     spec = grid_spec(tmp_path, d_models=(32, 48, 64))
@@ -45,7 +45,7 @@ def test_two_runners_and_a_search_at_once_train_each_trial_exactly_once(any_url,
 
     trial = load_trials(spec)[1][0]
     prepare(trial.dataset, trial.tokenizer, trial.context, art, progress=False)
-    env = cli_env()
+    env = cli_env(PREFECT_API_URL=prefect_api)  # the runs are claimed in the DB: one Prefect API is enough
     common = ["--db", any_url, "--artifacts", str(art), "--threads", "1"]
     procs = [subprocess.Popen([sys.executable, "-m", "ablate.cli", "sweep", "run", str(spec), *common], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]

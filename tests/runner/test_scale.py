@@ -102,6 +102,7 @@ def test_a_new_attempt_from_step_0_clears_the_latest_points(tmp_path, sqlite_url
     assert run.last_step is None and run.last_train_loss is None
 
 
+@pytest.mark.bare_database  # migrated from an older revision
 def test_migration_0006_fills_the_latest_points_of_existing_runs(tmp_path, db_url):
     from tests.store.test_db import at_revision
 

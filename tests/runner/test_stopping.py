@@ -28,7 +28,8 @@ from tests.waiting import patience, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = one_seed_smoke()  # the smoke sweep with one seed per cell: 4 trials
-FAST = {"ABLATE_HEARTBEAT_SECONDS": "1", "OMP_NUM_THREADS": "1"}
+# beats and metric writes every second: a trainer is seen training (its last step in the DB) 1 s in, not 30 s
+FAST = {"ABLATE_HEARTBEAT_SECONDS": "1", "ABLATE_FLUSH_SECONDS": "1", "OMP_NUM_THREADS": "1"}
 
 
 def _wait(predicate, timeout: float, what: str):
@@ -55,7 +56,7 @@ def test_a_cancel_written_by_another_host_stops_the_trainer_at_its_next_heartbea
     run = store.get_run(engine, rid)
     print(f"timings: a trainer in training stopped {took:.1f} s after a cancel written by another host")
     assert out["status"] == "cancelled" and run.status == "cancelled" and run.pid is None, (out, run.status)
-    assert took < 15 and run.steps > 0 and Path(run.checkpoint_path).exists()  # it checkpointed first
+    assert took < patience(15) and run.steps > 0 and Path(run.checkpoint_path).exists()  # it checkpointed first
 
 
 def test_a_trainer_whose_runner_is_gone_checkpoints_and_stops(sqlite_url, tmp_path):
@@ -79,7 +80,7 @@ def test_a_trainer_whose_runner_is_gone_checkpoints_and_stops(sqlite_url, tmp_pa
         stand_in.kill()
         trainer.kill()
     run = store.get_run(engine, rid)
-    assert run.status == "preempted" and took < 15 and Path(run.checkpoint_path).exists(), (run.status, took)
+    assert run.status == "preempted" and took < patience(15) and Path(run.checkpoint_path).exists(), (run.status, took)
 
 
 @pytest.mark.slow
@@ -109,7 +110,7 @@ def test_sigterm_during_warm_up_stops_the_trainer_at_once(sqlite_url, tmp_path):
     run = store.get_run(engine, rid)
     print(f"timings: trainer stopped {took:.1f} s after SIGTERM during compile warm-up")
     assert run.status == "preempted" and run.steps == 0 and run.train_seconds == 0.0, (run.status, log.read_text()[-2000:])
-    assert took < 10
+    assert took < patience(10)
 
 
 # Library code in a trainer's start-up that swallows what the SIGTERM handler raises (torch.compile's tracer
@@ -144,7 +145,7 @@ def test_a_sigterm_that_start_up_code_swallows_still_ends_the_trainer_after_the_
     finally:
         proc.kill()
     assert code == 128 + signal.SIGTERM and record.read_text() == "recorded by the watcher"
-    assert 1.4 <= took < 15, took  # the grace, then at once
+    assert 1.4 <= took < patience(15), took  # the grace (the behaviour: not scaled), then at once
 
 
 def test_a_sigterm_whose_handler_ran_late_stops_start_up_before_training_begins():
@@ -168,7 +169,7 @@ def test_checkpoints_come_every_tenth_of_the_run_between_30_s_and_10_min():
     assert budget.checkpoint_interval(None, 3600.0, 0.1) == 600  # a 10-hour run: the cap
 
 
-def test_a_failed_trial_flow_ends_failed_with_the_reason(sqlite_url, tmp_path):
+def test_a_failed_trial_flow_ends_failed_with_the_reason(sqlite_url, tmp_path, prefect_api):
     from flows.sweep import trial
 
     rid = registered(sqlite_url, make_trial())
@@ -234,7 +235,7 @@ def test_sweep_run_checks_the_data_before_registering_anything(sqlite_url, tmp_p
     assert "tokenizer.vocab_size: the corpus supports only" in capsys.readouterr().err
     with store.connect(sqlite_url).connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(store.Sweep)).scalar() == 0
-    assert took < 60
+    assert took < patience(60)
 
 
 @pytest.mark.parametrize("content", ['{"text": "a story"}\n{"text": broken\n', '{"story": "no text field"}\n'])
@@ -261,12 +262,10 @@ def test_plan_warns_about_a_hub_dataset_it_cannot_load_offline(capsys, monkeypat
     assert "warning:" in err and "HF_HUB_OFFLINE is set" in err and "point dataset.source at that local path" in err
 
 
-def test_ablate_worker_starts_one_prefect_worker_per_gpu_each_on_its_own_device(tmp_path):
+def test_ablate_worker_starts_one_prefect_worker_per_gpu_each_on_its_own_device(tmp_path, prefect_api):
     """`prefect` here is a stand-in that records its arguments and CUDA_VISIBLE_DEVICES (no GPUs on this machine);
-    the Prefect API is real (Prefect's test harness): `ablate worker` makes its host's queue there first."""
+    the Prefect API is real (the test process's server): `ablate worker` makes its host's queue there first."""
     from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
 
     shim = tmp_path / "bin"
     shim.mkdir()
@@ -274,27 +273,27 @@ def test_ablate_worker_starts_one_prefect_worker_per_gpu_each_on_its_own_device(
     (shim / "prefect").write_text(f"#!/bin/sh\necho \"$CUDA_VISIBLE_DEVICES $*\" >> {record}\nsleep 3\n")
     (shim / "prefect").chmod(0o755)
     ablate = str(Path(sys.executable).parent / "ablate")
-    with prefect_test_harness(server_startup_timeout=int(patience(120))):
-        env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "2,3,5,7",
-               "PREFECT_API_URL": PREFECT_API_URL.value()}
-        subprocess.run([ablate, "worker", "--pool", "v100", "--host", "gpu-b"], env=env, check=True,
-                       capture_output=True, timeout=patience(60))
-        with get_client(sync_client=True) as client:
-            queues = {q.name for q in client.read_work_queues(work_pool_name="v100")}
-        lines = sorted(record.read_text().splitlines())
-        record.unlink()
-        subprocess.run([ablate, "worker", "--pool", "v100", "--gpus-per-trial", "4"], env=env, check=True,
-                       capture_output=True, timeout=patience(60))
-        assert record.read_text().split()[0] == "2,3,5,7"  # torchrun on all four, one trial at a time
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "2,3,5,7",
+           "PREFECT_API_URL": prefect_api}
+    subprocess.run([ablate, "worker", "--pool", "v100", "--host", "gpu-b"], env=env, check=True,
+                   capture_output=True, timeout=patience(60))
+    with get_client(sync_client=True) as client:
+        queues = {q.name for q in client.read_work_queues(work_pool_name="v100")}
+    lines = sorted(record.read_text().splitlines())
+    record.unlink()
+    subprocess.run([ablate, "worker", "--pool", "v100", "--gpus-per-trial", "4"], env=env, check=True,
+                   capture_output=True, timeout=patience(60))
+    assert record.read_text().split()[0] == "2,3,5,7"  # torchrun on all four, one trial at a time
     assert queues == {"default", "host-gpu-b"}
     assert [line.split()[0] for line in lines] == ["2", "3", "5", "7"]
     assert all("--pool v100 --type process --limit 1 --work-queue default --work-queue host-gpu-b --name gpu-b-v100-"
                in line for line in lines), lines
     env["PREFECT_API_URL"] = ""  # below: refused before the API is asked
-    no_api = subprocess.run([ablate, "worker", "--pool", "v100"], env=env, capture_output=True, text=True, timeout=60)
+    no_api = subprocess.run([ablate, "worker", "--pool", "v100"], env=env, capture_output=True, text=True,
+                            timeout=patience(60))
     assert no_api.returncode == 2 and "PREFECT_API_URL is not set" in no_api.stderr, no_api.stderr
     bad = subprocess.run([ablate, "worker", "--pool", "v100", "--gpus-per-trial", "8"], env=env, capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=patience(60))
     assert bad.returncode == 2 and "shows only 4 GPU(s)" in bad.stderr
 
 
@@ -354,7 +353,7 @@ def test_a_cancelled_trainer_that_does_not_stop_shows_cancelling_and_is_killed_a
         took = time.monotonic() - t0
     finally:
         proc.kill()
-    assert code == -signal.SIGKILL and 3.5 <= took < 30, (code, took)
+    assert code == -signal.SIGKILL and 3.5 <= took < patience(30), (code, took)  # not before its 4 s grace
     assert "killed" in proc.stdout.read()
     assert not store.trainer_running(store.get_run(engine, rid))  # its pid is gone: `sweep status` stops saying so
 

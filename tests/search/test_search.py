@@ -296,15 +296,6 @@ def test_search_report_writes_best_trial_importances_and_plots(sqlite_url, tmp_p
 # ---------------------------------------------------------------- real searches
 
 
-@pytest.fixture(scope="module")
-def prefect_harness():
-    """Prefect's test harness: a temporary API server for the module (real flow runs, no mocks)."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=int(patience(120))):
-        yield
-
-
 JOIN = """
 SELECT r.id, r.status, r.final_eval_loss, t.number, t.state, v.value
 FROM runs r
@@ -316,7 +307,7 @@ WHERE r.study_name = 'tiny-search' ORDER BY t.number
 
 
 @pytest.mark.slow
-def test_search_flow_prunes_and_a_stopped_study_finishes_only_what_is_left(prefect_harness, sqlite_url, tmp_path,
+def test_search_flow_prunes_and_a_stopped_study_finishes_only_what_is_left(prefect_api, sqlite_url, tmp_path,
                                                                            artifacts):
     from ablate.results import read_only_query
     from flows.search import search as search_flow
@@ -361,7 +352,7 @@ def test_search_flow_prunes_and_a_stopped_study_finishes_only_what_is_left(prefe
 
 
 @pytest.mark.slow
-def test_search_deployment_is_registered_for_specs_with_a_search_block(prefect_harness, tmp_path):
+def test_search_deployment_is_registered_for_specs_with_a_search_block(prefect_api, tmp_path):
     from prefect.client.orchestration import get_client
 
     from flows.deploy import deploy_all

@@ -162,7 +162,9 @@ def _train_cmd(url: str, run_id: int, art: Path, every: float) -> list[str]:
 
 @pytest.mark.slow
 def test_a_run_killed_midway_resumes_the_same_trajectory_without_duplicate_metrics(tmp_path):
-    steps = 2500  # long enough that the kill lands mid-run (400 steps took 1.4 s, before any kill); ~40 s in all
+    # long enough that the kill lands mid-run: idle, it lands near step 600 (a checkpoint 1 s in, 3 points, 0.5 s);
+    # each step more is trained twice (the reference and the resume)
+    steps = 1500
     trial = make_trial(budget={"steps": steps}, eval={"at": [0.25, 0.5, 0.75]})
     # reference: uninterrupted
     url_a = f"sqlite:///{tmp_path / 'a.db'}"
