@@ -160,7 +160,13 @@ def deploy_all(sweeps_dir: Path = REPO / "sweeps", db_url: str | None = None, ar
         raise AblateError("--db carries a password, which Prefect would keep in plain text in every deployment's "
                           "parameters: deploy without --db and give the workers ABLATE_DB_URL in their environment (as "
                           "docker-compose.yml does), or use the URL without its password plus PGPASSWORD or ~/.pgpass")
-    specs = {p: load_spec(p) for p in sorted(sweeps_dir.glob("*.yaml"))}
+    found = sorted(sweeps_dir.glob("*.yaml"))
+    if not found:  # e.g. run outside the checkout: --sweeps is read from the working directory
+        where = sweeps_dir.resolve()
+        raise AblateError(f"--sweeps {sweeps_dir}: {'no sweep files (*.yaml) in' if where.is_dir() else 'no folder'} "
+                          f"{where}, so nothing would be registered (not even the trial deployments). Run `ablate "
+                          f"deploy` in the checkout the workers share (its sweeps/ folder), or pass --sweeps PATH")
+    specs = {p: load_spec(p) for p in found}
     wait_for_api()
     names = []
     ensure_pool(SWEEP_POOL, None)

@@ -9,7 +9,11 @@ What a cluster does to trials, and what happens here (every ABLATE_DISPATCH_POLL
   artifacts);
 - a trial flow run that ended while its run is still owed (a worker stopped: `preempted`; a host that failed it
   before claiming it: no results DB, a missing driver): dispatched again, up to MAX_DISPATCHES times, to a live
-  host that has not failed it (flows/hosts.py); a run still owed after that fails the sweep (flows/sweep.py);
+  host that has not failed it (flows/hosts.py); a run still owed after that fails the sweep (flows/sweep.py). A host
+  that fails after claiming the run gives the claim back (runner.run_trial); a row still claimed when its trial flow
+  run has ended is never taken as trained: it is watched until it has an outcome or its claim goes stale;
+- a run sent to a host's own queue while that host then stops beating: sent to the pool's default queue once the
+  host has shown no heartbeat since for longer than its bound (flows/hosts.py `host_gone`);
 - a run cancelled in the DB (`ablate sweep cancel`, any host): its trial flow run is cancelled too;
 - this sweep flow run cancelled in Prefect: its trial flow runs are cancelled and their runs marked
   `cancelled` (their trainers checkpoint and stop within a heartbeat), by this process as it is stopped and
@@ -43,9 +47,8 @@ from ablate.config.errors import AblateError
 from ablate.config.settings import environment
 from flows.cancel import (CANCEL_CHECK_SECONDS, cancel_flow_run, cancel_trials, cancelled_in_prefect,
                           stop_if_cancelled)
-from flows.hosts import first_error, redispatch_queue
+from flows.hosts import first_error, host_gone, redispatch_host
 
-SETTLED = ("pending", "preempted", "running")  # row statuses that are not an outcome yet
 WORKER_CHECK_SECONDS = 60.0  # how often a sweep whose trials wait re-checks that their pool has a live worker
 API_BACK_AT = float("-inf")  # when the Prefect API last came back after an outage (time.monotonic)
 SLOW_CALL_SECONDS = 15.0  # a call that took longer rode out an outage inside Prefect's own client retries (2+4+8 s)
@@ -60,6 +63,7 @@ class Dispatched:
         self.results: dict[int, str] = {}
         self.dispatches: Counter[int] = Counter()
         self.failures: dict[int, list[str]] = {}
+        self.steered: dict[int, tuple[str, dt.datetime]] = {}  # run id -> the host whose queue it went to, and when
 
 
 def dispatch_to_pool(hardware: str, todo: list[int], opts: runner.LaunchOptions, engine: sa.Engine,
@@ -81,16 +85,22 @@ def dispatch_to_pool(hardware: str, todo: list[int], opts: runner.LaunchOptions,
 
     tag = run_tag(engine)
 
-    def submit(rid: int, queue: str | None = None) -> None:
+    def submit(rid: int, host: str | None = None) -> None:
+        """A trial flow run for `rid`: on the queue of `host` (a host that has not failed it), else the pool's."""
         again = {"scheduled_time": first_dispatch - dt.timedelta(seconds=1)} if dispatches[rid] else {}
         # the same key for a retried request: a creation whose answer was lost in an outage is not made twice
         key = f"{this_flow_run.id}:{rid}:{dispatches[rid]}"
+        queue = runner.host_queue(host) if host else None
         flow_run = ride_out(lambda: run_deployment(
             f"trial/{hardware}", parameters={"run_id": rid, "launch": opts.for_trial_flow(), "database": database},
             timeout=0, as_subflow=True, tags=[tag(rid)], idempotency_key=key, work_queue_name=queue, **again),
             log, f"dispatching run {rid}")
         live[rid] = flow_run.id
         dispatches[rid] += 1
+        if host:
+            done.steered[rid] = (host, dt.datetime.now(dt.timezone.utc))
+        else:
+            done.steered.pop(rid, None)
 
     with get_client(sync_client=True) as client:
         ride_out(lambda: check_workers(client, hardware, log), log, "checking the pool's workers")
@@ -128,7 +138,7 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], done: Disp
                 log: Any) -> int:
     """One look at every trial flow run still live and its run row; returns how many wait for a worker."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.states import Crashed
+    from prefect.states import Cancelled, Crashed
 
     known = [fid for fid in live.values() if fid is not None]
     flows = {fr.id: fr for fr in client.read_flow_runs(
@@ -141,7 +151,7 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], done: Disp
         if row is None:  # deleted meanwhile (an edit of the spec dropped it): nothing is owed
             del live[rid]
             continue
-        if row.status not in SETTLED and (state is None or not state.is_final()) and _settled_long_ago(row, fid):
+        if row.status not in runner.UNSETTLED and (state is None or not state.is_final()) and _settled_long_ago(row, fid):
             # the row has the outcome but the trial flow run never said so (its process ended while the API was
             # away, or there is none): the row is the truth; a flow run still Running is marked Crashed
             if state is not None:
@@ -151,7 +161,7 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], done: Disp
             del live[rid]
             continue
         if fid is None:  # no flow run known (attached): a run whose trainer is gone is owed
-            if row.status in ("pending", "preempted") or (row.status == "running" and not store.is_live(row)):
+            if runner.owed(row):
                 submit(rid)
             continue
         if state is None:
@@ -159,9 +169,14 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], done: Disp
         if row.status == "cancelled" and not state.is_final():
             cancel_flow_run(client, fid, state)
         elif state.is_final():
-            owed = row.status in ("pending", "preempted") or (row.status == "running" and not store.is_live(row))
+            if row.status == "running" and store.is_live(row):
+                # its flow run ended but the row is still claimed: by a trainer that is ending, by another process
+                # that took the run, or by a flow process that died between its claim and its trainer's start.
+                # Never taken as trained: watched until the row has an outcome or its heartbeat goes stale (owed)
+                continue
+            owed = runner.owed(row)
             if owed and dispatches[rid] < MAX_DISPATCHES and not runner.STOP.is_set():
-                submit(rid, redispatch_queue(client, pool, rid, row, state, done.failures.setdefault(rid, []), log))
+                submit(rid, redispatch_host(client, pool, rid, row, state, done.failures.setdefault(rid, []), log))
             else:
                 if owed and (state.is_failed() or state.is_crashed()):  # the last one's error, for the sweep's end
                     done.failures.setdefault(rid, []).append(first_error(state))
@@ -174,6 +189,16 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], done: Disp
                         "its last checkpoint on any worker", rid, row.host or "an unknown host", beat)
             client.set_flow_run_state(fid, Crashed(message=f"run {rid}: trainer heartbeat stale ({beat}); "
                                                            "re-dispatched by the sweep flow"), force=True)
+            submit(rid)
+        elif state.is_scheduled() and rid in done.steered and (
+                waited := host_gone(client, pool, *done.steered[rid])) is not None:
+            # sent to a host that has stopped since (Prefect may list it online for three missed beats): not left
+            # waiting for it while other hosts idle
+            host = done.steered[rid][0]
+            log.warning("run %s waited %.0f s on the queue of host %s, which has not beaten since it was sent there "
+                        "(its worker stopped or its machine froze): sent to any worker instead", rid, waited, host)
+            client.set_flow_run_state(fid, Cancelled(message=f"host {host} showed no heartbeat for {waited:.0f} s: "
+                                                             f"run {rid} sent to any worker"), force=True)
             submit(rid)
         elif state.is_scheduled() or state.is_pending():
             waiting += 1

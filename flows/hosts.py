@@ -3,8 +3,9 @@
 A trial flow that fails says its host in its message (`[host NAME] ...`, `tagged`); `ablate worker` names its
 Prefect workers `HOST-POOL-GPUS-PID` and polls its host's queue (`runner.host_queue`) beside the pool's default
 one. So the sweep flow knows which hosts failed a run, which hosts have a live worker, and can send the run again
-to the queue of a host that has not failed it (`redispatch_queue`), instead of to the default queue, where the host
-that failed it, idle again at once, would take it first.
+to the queue of a host that has not failed it (`redispatch_host`), instead of to the default queue, where the host
+that failed it, idle again at once, would take it first; and a run that waits on the queue of a host that has
+stopped beating since is sent to the default queue instead (`host_gone`).
 """
 
 from __future__ import annotations
@@ -36,20 +37,57 @@ def first_error(state: Any) -> str:
 
 
 def live_hosts(client: Any, pool: str) -> list[str]:
-    """The hosts with a live `ablate worker` in the pool (read from their workers' names), in a stable order."""
-    from prefect.client.schemas.objects import WorkerStatus
-
-    name = re.compile(rf"^(.+)-{re.escape(pool)}-[^-]+-\d+$")
+    """The hosts with a live `ablate worker` in the pool (read from their workers' names), in a stable order. Live by
+    ablate's rule, not Prefect's ONLINE flag alone (which holds for three missed beats: a worker stopped 87 s before
+    was still listed): a beat within 1.5 of the worker's own heartbeat interval, plus 2 s."""
+    name = _worker_name(pool)
     hosts = {m.group(1) for w in client.read_workers_for_work_pool(pool)
-             if w.status == WorkerStatus.ONLINE and (m := name.match(w.name))}
+             if _beating(w) and (m := name.match(w.name))}
     return sorted(hosts)
 
 
-def redispatch_queue(client: Any, pool: str, rid: int, row: store.Run, state: Any, failed_on: list[str],
-                     log: Any) -> str | None:
+def host_gone(client: Any, pool: str, host: str, since: Any) -> float | None:
+    """For a run sent to `host`'s queue at `since` (UTC) and not taken yet: how long it has waited, once that host
+    has shown no heartbeat since then for longer than one beat's bound (its worker stopped or its machine froze,
+    whatever Prefect still lists); None while the host may still take it."""
+    import datetime as dt
+
+    name = _worker_name(pool)
+    workers = [w for w in client.read_workers_for_work_pool(pool) if (m := name.match(w.name)) and m.group(1) == host]
+    if any(w.last_heartbeat_time is not None and w.last_heartbeat_time >= since for w in workers):
+        return None
+    waited = (dt.datetime.now(dt.timezone.utc) - since).total_seconds()
+    bound = max((_beat_bound(w) for w in workers), default=_beat_bound(None))
+    return waited if waited > bound else None
+
+
+def _worker_name(pool: str) -> re.Pattern[str]:
+    """`ablate worker`'s Prefect worker names in `pool`: HOST-POOL-GPUS-PID (group 1: the host)."""
+    return re.compile(rf"^(.+)-{re.escape(pool)}-[^-]+-\d+$")
+
+
+def _beat_bound(worker: Any) -> float:
+    """How long a live worker may go without a beat: 1.5 of its heartbeat interval (Prefect's default 30 s) + 2 s
+    (47 s; Prefect lists a worker ONLINE until three intervals have passed)."""
+    interval = (worker.heartbeat_interval_seconds if worker is not None else None) or 30
+    return 1.5 * interval + 2.0
+
+
+def _beating(worker: Any) -> bool:
+    import datetime as dt
+
+    from prefect.client.schemas.objects import WorkerStatus
+
+    if worker.status != WorkerStatus.ONLINE or worker.last_heartbeat_time is None:
+        return False
+    return (dt.datetime.now(dt.timezone.utc) - worker.last_heartbeat_time).total_seconds() <= _beat_bound(worker)
+
+
+def redispatch_host(client: Any, pool: str, rid: int, row: store.Run, state: Any, failed_on: list[str],
+                    log: Any) -> str | None:
     """A run owed after its trial flow run ended (`state`) goes again: to the queue of a live host that has not
-    failed it when it failed on some (`failed_on`: its failures so far, `[host NAME] error`, this one added),
-    else to the pool's default queue (None). Said in the sweep's log: why, on which host, its checkpoint."""
+    failed it when it failed on some (`failed_on`: its failures so far, `[host NAME] error`, this one added): that
+    host's name; else None (the pool's default queue). Said in the sweep's log: why, on which host, its checkpoint."""
     why = first_error(state)
     if state.is_failed() or state.is_crashed():
         failed_on.append(why)
@@ -62,7 +100,7 @@ def redispatch_queue(client: Any, pool: str, rid: int, row: store.Run, state: An
              "to any worker (every live host has failed it)" if bad else "to any worker")
     log.warning("run %s is owed (%s) after its trial flow run ended %s (%s): dispatched again %s; %s", rid,
                 row.status, state.name, why, where, checkpoint)
-    return runner.host_queue(target) if target else None
+    return target
 
 
 def owed_report(owed: dict[int, str], failures: dict[int, list[str]], dispatches: dict[int, int]) -> str:

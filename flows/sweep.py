@@ -24,6 +24,7 @@ from ablate import runner, store
 from ablate.config.launch import LaunchOptions, launch_options
 from ablate.config.errors import AblateError, one_line
 from ablate.runner.keeper import StudyKeeper, keep_final
+from flows.health import say_trial
 from flows.hosts import first_error, owed_report, tagged
 
 
@@ -56,8 +57,12 @@ def trial(run_id: int, launch: LaunchOptions | None = None, retry_failed: bool =
         if database is not None:
             opts = opts.but(db_url=runner.cluster_db_url(opts.db_url, database))
         status = runner.run_trial(run_id, opts)
-    except Exception as exc:  # a host-level fault (no DB, a missing driver, a full disk): before the run is claimed
-        raise TrialFailed(tagged(f"run {run_id}: {one_line(exc, 'the worker log')}")) from exc
+    except Exception as exc:  # a host-level fault (no DB, a missing driver, a full or read-only disk), before the
+        # run is claimed or after (the claim is then given back): the sweep sends the run elsewhere
+        message = tagged(f"run {run_id}: {one_line(exc, 'the worker log')}")
+        say_trial(False, message)  # `ablate worker` drains a host that fails trials in a row (flows/health.py)
+        raise TrialFailed(message) from exc
+    say_trial(True)
     get_run_logger().info("run %s: %s", run_id, status)
     if status == "failed":
         raise TrialFailed(tagged(f"run {run_id} failed: {_reason(store.connect(opts.db_url), run_id)}"))
@@ -257,10 +262,8 @@ def _final(done: Any, engine: Any, name: str) -> Any:
     (runner.STOP) leaves its owed runs for the next run of the sweep."""
     results = done.results
     failed = [rid for rid, status in results.items() if status == "failed"]
-    from flows.dispatch import SETTLED as OWED  # a run in one of these when its sweep stops dispatching is untrained
-
-    owed = {} if runner.STOP.is_set() else {rid: s for rid, s in results.items() if s in OWED and not (
-        s == "running" and store.is_live(store.get_run(engine, rid)))}  # one training under another runner is not
+    owed = {} if runner.STOP.is_set() else {rid: s for rid, s in results.items() if s in runner.UNSETTLED and (
+        s != "running" or runner.owed(store.get_run(engine, rid)))}  # one training under another runner is not
     if failed or owed:
         said = []
         if failed:

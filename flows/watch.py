@@ -17,10 +17,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from ablate import runner, store
+from ablate.runner import UNSETTLED as OWED  # statuses that are not an outcome yet
 from ablate.config.errors import AblateError
 from ablate.results.status import status_counts
 from flows.cancel import DB_LABEL, SWEEP_LABEL
-from flows.dispatch import SETTLED as OWED  # statuses that are not an outcome yet
 
 COMPLETED, FAILED, CANCELLED = 0, 1, 3  # exit codes
 NEW_RUN_SECONDS = 60.0  # how long a watch that finds the sweep's last flow run ended with runs owed waits for a new one
@@ -50,15 +50,32 @@ class _Api:
         return True, found
 
 
+RENAMING = ("budget", "source", "holdout", "vocab_size", "gpus", "hardware", "set")  # sweep flow parameters that
+# name the sweep after themselves (flows/sweep.py) unless `name` is given
+
+
 def _newest_sweep_flow_run(name: str, database: str) -> Any:
+    """The newest sweep flow run of this sweep: labelled with its name and database (the flow labels itself once it
+    has registered the sweep), or a newer one of deployment sweep/NAME that has not labelled itself yet (a second
+    `prefect deployment run` still Scheduled, or one that failed before registering) and whose parameters do not
+    rename the sweep."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
     from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.exceptions import ObjectNotFound
 
     with get_client(sync_client=True) as client:
+        try:
+            deployment = client.read_deployment_by_name(f"sweep/{name}").id
+        except ObjectNotFound:
+            deployment = None
         for fr in client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["sweep"])),
                                         sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=200):
             if fr.labels.get(SWEEP_LABEL) == name and fr.labels.get(DB_LABEL) == database:
+                return fr
+            params, named = fr.parameters or {}, (fr.parameters or {}).get("name")
+            ours = named == name if named else not any(params.get(k) for k in RENAMING)
+            if SWEEP_LABEL not in fr.labels and deployment is not None and fr.deployment_id == deployment and ours:
                 return fr
     return None
 
@@ -116,6 +133,8 @@ def _starting(counts: dict[str, int]) -> bool:
 
 
 def _outcome(engine: sa.Engine, name: str, counts: dict[str, int], state: Any, say: Callable[[str], None]) -> int:
+    """The exit code, with the failed runs' first errors and the runs still owed said: a sweep whose flow run
+    ended Completed with a run untrained (runner.owed) exits 1, never 0."""
     with engine.connect() as conn:
         failed = conn.execute(sa.select(store.Run.id, store.Run.error).where(
             store.Run.sweep_id == runner.sweep_id(engine, name), store.Run.status == "failed")
@@ -125,14 +144,26 @@ def _outcome(engine: sa.Engine, name: str, counts: dict[str, int], state: Any, s
         say(f"run {run.id} failed: {first}")
     if counts.get("failed", 0) > len(failed):
         say(f"... and {counts['failed'] - len(failed)} more failed runs: `ablate sweep status {name}` lists them")
+    owed = _owed(engine, name)
+    if owed:
+        listed = ", ".join(f"run {r.id} ({r.status})" for r in owed[:10]) + (", ..." if len(owed) > 10 else "")
+        say(f"{len(owed)} run(s) still owed, never trained: {listed}")
     if state is not None and state.message:
         say(f"the sweep flow run ended {state.name}: {state.message.splitlines()[0][:500]}")
     if state is not None:
         if state.is_completed():
-            return COMPLETED
+            return FAILED if owed else COMPLETED
         if state.is_cancelled():
             return CANCELLED
         return FAILED
-    if failed:
+    if failed or owed:
         return FAILED
     return CANCELLED if counts.get("cancelled") else COMPLETED
+
+
+def _owed(engine: sa.Engine, name: str) -> list[Any]:
+    """The sweep's runs that still need a trainer (runner.owed), by id."""
+    with store.session_factory(engine)() as session:
+        rows = session.scalars(sa.select(store.Run).where(
+            store.Run.sweep_id == runner.sweep_id(engine, name), store.Run.status.in_(OWED)).order_by(store.Run.id))
+        return [r for r in rows if runner.owed(r)]

@@ -31,6 +31,7 @@ def worker(pool: str, gpus_per_trial: int, slots: int, host: str | None) -> int:
     require_prefect("ablate worker")
     from ablate import runner
     from flows.deploy import ensure_host_queue, wait_for_api
+    from flows.health import check_host
 
     if host is not None:
         os.environ["ABLATE_WORKER_HOST"] = host  # the trials' flow-run processes say it in their errors
@@ -40,10 +41,41 @@ def worker(pool: str, gpus_per_trial: int, slots: int, host: str | None) -> int:
     groups = gpu_groups(gpus_per_trial)
     limit = 1 if groups else slots
     wait_for_api(say=lambda line: console.print(line, highlight=False))
+    check_host(pool, host)  # refuses, in one line, before taking any work (flows/health.py)
     ensure_host_queue(pool, runner.host_queue(host))
-    procs = [_start_worker(pool, host, group, limit) for group in groups or [None]]
-    ended = _wait_for_any(procs)
-    return 0 if ended is None else abs(ended.returncode or 0)
+    return _serve(pool, host, groups, limit)
+
+
+def _serve(pool: str, host: str, groups: list[list[str]], limit: int) -> int:
+    """The host's Prefect workers until one ends, or Ctrl-C / SIGTERM, or the host is drained: DRAIN_AFTER trials in
+    a row failed here for host reasons (their flow runs say so in the health file). A drained host stops polling,
+    says why here and on its queue (`ablate sweep status`), and waits for Ctrl-C; starting it again takes it back."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from ablate import runner
+    from flows.health import DRAIN_AFTER, HEALTH_ENV, faults_in_a_row, mark_drained
+
+    queue = runner.host_queue(host)
+    mark_drained(pool, queue, None)  # a restart takes a drained host back
+    folder = Path(tempfile.mkdtemp(prefix="ablate-worker-"))
+    health = folder / "health"
+    try:
+        procs = [_start_worker(pool, host, group, limit, {HEALTH_ENV: str(health)}) for group in groups or [None]]
+        ended, faults = _wait_for_any(procs, lambda: len(faults_in_a_row(health)) >= DRAIN_AFTER)
+        if ended is None and faults:
+            last = faults_in_a_row(health)[-1]
+            reason = (f"{DRAIN_AFTER} trials in a row failed on this host for host reasons (the last: {last}); "
+                      f"fix it and start `ablate worker --pool {pool}` again to take it back")
+            console.print(f"host {host} drained: it takes no more trials of pool {pool}: {reason}", highlight=False,
+                          markup=False)  # the reason holds "[host NAME]", which is not markup
+            mark_drained(pool, queue, reason)
+            _wait_for_stop()
+            return 0
+        return 0 if ended is None else abs(ended.returncode or 0)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def gpu_groups(per: int) -> list[list[str]]:
@@ -59,14 +91,14 @@ def gpu_groups(per: int) -> list[list[str]]:
     return groups
 
 
-def _start_worker(pool: str, host: str, group: list[str] | None, limit: int) -> Any:
+def _start_worker(pool: str, host: str, group: list[str] | None, limit: int, extra_env: dict[str, str]) -> Any:
     """`prefect worker start` for the pool's default queue and the host's, on the GPUs of `group` (None: no GPU).
     Its name, HOST-POOL-GPUS-PID, says the host (flows/hosts.py reads it)."""
     import subprocess
 
     from ablate import runner
 
-    env = dict(os.environ)
+    env = {**os.environ, **extra_env}
     label = "cpu"
     if group is not None:
         env["CUDA_VISIBLE_DEVICES"] = label = ",".join(group)
@@ -78,9 +110,9 @@ def _start_worker(pool: str, host: str, group: list[str] | None, limit: int) -> 
     return subprocess.Popen(cmd, env=env)
 
 
-def _wait_for_any(procs: list[Any]) -> Any:
-    """Until a worker ends, or Ctrl-C / SIGTERM: then every worker is stopped (so a restart policy restarts them
-    all); the one that ended first, or None."""
+def _wait_for_any(procs: list[Any], drained: Any) -> tuple[Any, bool]:
+    """Until a worker ends, or Ctrl-C / SIGTERM, or `drained()`: then every worker is stopped (so a restart policy
+    restarts them all). (The one that ended first or None, whether the host was drained.)"""
     import signal
     import time
 
@@ -93,8 +125,9 @@ def _wait_for_any(procs: list[Any]) -> Any:
                 p.send_signal(signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, stop)
+    faults = False
     try:
-        while not told["stop"] and all(p.poll() is None for p in procs):
+        while not told["stop"] and all(p.poll() is None for p in procs) and not (faults := drained()):
             time.sleep(1)
     except KeyboardInterrupt:
         told["stop"] = True
@@ -102,7 +135,22 @@ def _wait_for_any(procs: list[Any]) -> Any:
     stop()
     for p in procs:
         p.wait()
-    return ended
+    return ended, faults
+
+
+def _wait_for_stop() -> None:
+    """A drained host's `ablate worker` stays up, taking nothing (a restart policy would start it again at once),
+    until Ctrl-C / SIGTERM."""
+    import signal
+    import threading
+
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        while not stopped.wait(1):
+            pass
+    except KeyboardInterrupt:
+        pass
 
 
 def _prefect_command() -> str:
@@ -133,7 +181,9 @@ def deploy(sweeps: str, pools: tuple[str, ...], artifacts: str | None, slots: tu
     names = deploy_all(Path(sweeps), db_url=db, artifacts=artifacts, slots=_slots(slots), pools=list(pools),
                        say=lambda line: console.print(line, highlight=False))
     console.print(f"registered {len(names)} deployments")
-    console.print("start workers with: prefect worker start --pool sweeps  and  prefect worker start --pool HARDWARE")
+    # `ablate worker`, not a plain Prefect worker, for the trial pools: it polls its host's own queue, where a run that
+    # another host failed is sent (a plain one has none, so a re-dispatch could not avoid the failed host)
+    console.print("start workers with: prefect worker start --pool sweeps  and  ablate worker --pool HARDWARE")
     return 0
 
 

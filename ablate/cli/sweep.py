@@ -64,7 +64,26 @@ def status(name: str, all_: bool, fmt: str | None, db: str | None) -> int:
     else:  # the rows it shows and the counts: not every run of a 100,000-run sweep
         rows, counts = status_view(engine, name, STATUS_ROWS)
         console.print(runs_table(rows, title=f"sweep {name}", counts=counts))
+        for line in _drained(engine, name):
+            console.print(line, highlight=False, markup=False)
     return 0
+
+
+def _drained(engine: Any, name: str) -> list[str]:
+    """A line per drained host of the sweep's pool (flows/health.py), when a Prefect API is set and answers."""
+    import os
+
+    if not os.environ.get("PREFECT_API_URL"):
+        return []
+    try:
+        from flows.health import drained_hosts
+    except ImportError:  # ablate without its flows (a reader's install)
+        return []
+    from ablate import store
+
+    spec = store.sweep_named(engine, name, store.Sweep.spec).spec or {}
+    hardware = (spec.get("budget") or {}).get("hardware", "cpu")
+    return [f"host {host} is drained (pool {hardware}): {why}" for host, why in drained_hosts(hardware).items()]
 
 
 @click.command(**about("cancel waiting runs and stop running ones (checkpointed)"))

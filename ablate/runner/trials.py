@@ -20,7 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ablate import store
-from ablate.runner.host import pid_alive
+from ablate.runner.host import pid_alive, worker_host
 from ablate.runner.launch import LaunchOptions, trainer_command
 from ablate.runner.sweep import sweep_runs
 from ablate.config import TrialConfig
@@ -57,6 +57,32 @@ def run_trial(run_id: int, opts: LaunchOptions, should_stop: Callable[[], bool] 
         store.update_run(engine, run_id, claimant=claimant, status="failed", error=store.redact(str(exc)),
                          finished_at=store.utcnow())
         return "failed"
+    try:  # anything between the claim and the trainer's start (a read-only or full artifacts disk) gives the run back
+        log_path, env = _trainer_setup(engine, run_id, claimant, opts)
+        with open(log_path, "ab") as log:  # the trainer writes through its own copy of the file
+            proc = start_trainer(trainer_command(trial, run_id, opts), env, log, log_path, opts.artifacts,
+                                 opts.warm, families=(trial.architecture,))
+    except BaseException as exc:
+        release(engine, run_id, claimant, exc)
+        raise
+    store.update_run(engine, run_id, claimant=claimant, pid=proc.pid)  # the trainer beats the claim's heartbeat
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=poll_seconds)
+                break
+            except subprocess.TimeoutExpired:
+                if STOP.is_set() or (should_stop is not None and should_stop()):
+                    code = _stop(proc)
+                    break
+    except BaseException:
+        _stop(proc)
+        raise
+    return classify(engine, run_id, code, log_path, claimant)
+
+
+def _trainer_setup(engine: sa.Engine, run_id: int, claimant: str, opts: LaunchOptions) -> tuple[Path, dict[str, str]]:
+    """The claimed run's log file (made here: its folder may fail to be made) and its trainer's environment."""
     log_dir = opts.artifacts / "logs" / store.database_id(engine)[:16]  # run ids restart in every database
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"run-{run_id}.log"
@@ -68,23 +94,22 @@ def run_trial(run_id: int, opts: LaunchOptions, should_stop: Callable[[], bool] 
         env["OMP_NUM_THREADS"] = str(opts.threads)
     if opts.gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in opts.gpu_ids)
-    with open(log_path, "ab") as log:
-        proc = start_trainer(trainer_command(trial, run_id, opts), env, log, log_path, opts.artifacts, opts.warm,
-                             families=(trial.architecture,))
-        store.update_run(engine, run_id, claimant=claimant, pid=proc.pid)  # the trainer beats the claim's heartbeat
-        try:
-            while True:
-                try:
-                    code = proc.wait(timeout=poll_seconds)
-                    break
-                except subprocess.TimeoutExpired:
-                    if STOP.is_set() or (should_stop is not None and should_stop()):
-                        code = _stop(proc)
-                        break
-        except BaseException:
-            _stop(proc)
-            raise
-    return classify(engine, run_id, code, log_path, claimant)
+    return log_path, env
+
+
+def release(engine: sa.Engine, run_id: int, claimant: str, exc: BaseException) -> str:
+    """Give back a run whose trainer never started (this host failed between the claim and the start): owed again
+    at once, `preempted` when it has a checkpoint to resume, else `pending`, with the claim's attempt undone (the
+    run was not tried: a host's fault must not spend its MAX_ATTEMPTS; the sweep's re-dispatch limit and the host's
+    drain bound the retries); its error says this host and why. The row's new status (unchanged if the claim was
+    lost meanwhile)."""
+    run = store.get_run(engine, run_id)
+    status = "preempted" if run.checkpoint_path else "pending"
+    error = store.redact(f"host {worker_host()} could not start its trainer: {type(exc).__name__}: {exc}")
+    if store.update_run(engine, run_id, claimant=claimant, status=status, error=error, pid=None, heartbeat_at=None,
+                        finished_at=store.utcnow(), attempts=max(0, run.attempts - 1)):
+        return status
+    return store.get_run(engine, run_id).status
 
 
 def start_trainer(command: list[str], env: dict[str, str], log: Any, log_path: Path, artifacts: Path,
@@ -154,6 +179,16 @@ def _tail(path: Path, chars: int = 4000) -> str:
 
 
 # ---------------------------------------------------------------- what a sweep owes
+
+
+UNSETTLED = ("pending", "preempted", "running")  # row statuses that are not an outcome yet
+
+
+def owed(run: Any) -> bool:
+    """Whether a run still needs a trainer: pending or preempted, or `running` with no live claimant (its
+    heartbeat stale, or its processes gone from this host: store.is_live). The one rule by which the sweep flow
+    dispatches a run again, its end fails with runs untrained, and `ablate sweep watch` exits."""
+    return run.status in ("pending", "preempted") or (run.status == "running" and not store.is_live(run))
 
 
 def runs_to_do(engine: sa.Engine, sweep_id: int, run_ids: list[int], retry_failed: bool = False) -> list[int]:

@@ -248,6 +248,8 @@ class WarmTrainer:
     """The runner's handle on its helper process (one per runner process, shared by its threads)."""
 
     def __init__(self, log: Path | None = None) -> None:
+        if log:  # a runner's first trainer may come before its artifacts' logs folder exists
+            log.parent.mkdir(parents=True, exist_ok=True)
         err = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the helper keeps it
         self.proc = subprocess.Popen([sys.executable, "-m", "ablate.runner.warm"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=err, env=helper_env(), start_new_session=True)

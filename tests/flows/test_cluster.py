@@ -170,6 +170,9 @@ def test_a_pool_without_a_worker_is_said_in_the_sweep_log_and_a_cancel_reaches_i
 
 
 def test_cancelling_a_sweep_flow_run_leaves_no_trainer_running_within_30_s(cluster):
+    """...and the sweeps worker's log reads as a cancel: no ERROR, no CancelledRun traceback."""
+    sweeps_log = cluster.tmp / "proc-1.log"
+    seen = len(sweeps_log.read_text())
     flow_run_id = cluster.deployment_run("sweep/cancel")
     watching = cluster.start(str(BIN / "ablate"), "sweep", "watch", "cancel", "--db", cluster.url, "--poll", "1")
     engine = store.connect(cluster.url)
@@ -194,6 +197,8 @@ def test_cancelling_a_sweep_flow_run_leaves_no_trainer_running_within_30_s(clust
         time.sleep(1)
     print(f"timings: both trainers gone {gone:.1f} s after `prefect flow-run cancel`")
     assert watching.wait(timeout=patience(60)) == 3  # `ablate sweep watch`: cancelled, not failed
+    said = sweeps_log.read_text()[seen:]
+    assert "Traceback" not in said and "| ERROR" not in said and "CancelledRun" not in said, said[-3000:]
 
 
 def test_ablate_sweep_cancel_ends_the_trainers_and_the_sweep_flow_cancelled_without_an_error_logged(cluster):

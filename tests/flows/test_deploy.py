@@ -76,7 +76,7 @@ def test_prefect_deployment_run_sweep_smoke_with_a_local_server_and_workers(tmp_
         made = [line for line in lines if line.startswith("deployed ")]
         assert lines[0].startswith("automation 'ablate: crash flow runs whose machine died'"), deployed.stdout
         assert lines[1:] == [*made, f"registered {len(made)} deployments", "start workers with: prefect worker start "
-                             "--pool sweeps  and  prefect worker start --pool HARDWARE"], deployed.stdout
+                             "--pool sweeps  and  ablate worker --pool HARDWARE"], deployed.stdout
         assert "Successfully created" not in deployed.stdout + deployed.stderr
         start(str(BIN / "prefect"), "worker", "start", "--pool", "sweeps")
         start(str(BIN / "prefect"), "worker", "start", "--pool", "cpu")
@@ -102,3 +102,19 @@ def test_prefect_deployment_run_sweep_smoke_with_a_local_server_and_workers(tmp_
                 os.killpg(proc.pid, 9)
         for log in logs:
             log.close()
+
+
+def test_deploy_outside_the_checkout_refuses_saying_where_it_looked(tmp_path, monkeypatch, capsys):
+    """`--sweeps` is read from the working directory: run elsewhere, `ablate deploy` registered 0 deployments
+    (not even trial/cpu) and exited 0. Now it refuses before touching the Prefect API, naming the folder."""
+    from ablate.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # nothing answers: it must not be asked
+    assert main(["deploy"]) != 0
+    err = capsys.readouterr().err
+    assert f"--sweeps sweeps: no folder {tmp_path / 'sweeps'}" in " ".join(err.split()), err
+    assert "Run `ablate deploy` in the checkout" in " ".join(err.split()), err
+    (tmp_path / "sweeps").mkdir()
+    assert main(["deploy"]) != 0
+    assert f"no sweep files (*.yaml) in {tmp_path / 'sweeps'}" in " ".join(capsys.readouterr().err.split())

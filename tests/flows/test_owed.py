@@ -113,3 +113,54 @@ def test_a_run_dispatched_again_is_not_judged_by_the_dead_trainer_before_its_new
     before = Running()
     before.timestamp = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=30)
     assert _dead(row, before)  # the run's own trainer, claimed under this flow run, is gone
+
+
+def _one_run(sqlite_url):
+    from ablate.config import expand_grid, parse_spec
+
+    spec = parse_spec({"name": "o", "dataset": {"source": "ablate:tinystories-sample", "eval": {"holdout": 16}},
+                       "tokenizer": {"vocab_size": 384}, "budget": {"steps": 5, "hardware": "cpu"},
+                       "defaults": {"architecture": "mixer", "d_model": 32, "layers": 1, "context": 64,
+                                    "batch_size": 8, "lr": 1e-3}})
+    engine = store.connect(sqlite_url)
+    _, ids = store.register_sweep(engine, spec, expand_grid(spec))
+    return engine, ids[0]
+
+
+def test_a_trial_whose_log_cannot_be_made_after_the_claim_gives_the_run_back(sqlite_url, tmp_path, monkeypatch):
+    """A host whose artifacts folder is unusable (here a file where the folder must be: the same OSError path as a
+    read-only or full disk) fails after claiming the run: the claim is released at once, not left `running`."""
+    engine, rid = _one_run(sqlite_url)
+    monkeypatch.setenv("ABLATE_WORKER_HOST", "gpu-a")
+    blocked = tmp_path / "artifacts"
+    blocked.write_text("not a folder")
+    with pytest.raises(OSError):
+        runner.run_trial(rid, runner.LaunchOptions(db_url=sqlite_url, artifacts=blocked))
+    run = store.get_run(engine, rid)
+    assert (run.status, run.attempts, run.pid, run.heartbeat_at) == ("pending", 0, None, None)  # not an attempt
+    assert run.error.startswith("host gpu-a could not start its trainer: ") and "artifacts" in run.error, run.error
+    assert runner.owed(run) and runner.runs_to_do(engine, run.sweep_id, [rid]) == [rid]
+    for _ in range(runner.MAX_ATTEMPTS + 1):  # a host's fault never spends the run's attempts
+        with pytest.raises(OSError):
+            runner.run_trial(rid, runner.LaunchOptions(db_url=sqlite_url, artifacts=blocked))
+    assert (store.get_run(engine, rid).status, store.get_run(engine, rid).attempts) == ("pending", 0)
+    store.update_run(engine, rid, checkpoint_path=str(tmp_path / "ckpt.pt"))
+    with pytest.raises(OSError):
+        runner.run_trial(rid, runner.LaunchOptions(db_url=sqlite_url, artifacts=blocked))
+    assert store.get_run(engine, rid).status == "preempted"  # it has a checkpoint to resume
+    assert store.claim_run(engine, rid, "another-host:1:x")  # any host takes it at once, no stale wait
+
+
+def test_a_run_still_claimed_is_owed_only_once_its_claimant_is_gone(sqlite_url):
+    """One rule (runner.owed) for the sweep flow, its end and the watch: a fresh claim on another host is live
+    (not owed), a stale one is owed, and the sweep's end fails naming it."""
+    import datetime as dt
+
+    engine, rid = _one_run(sqlite_url)
+    assert store.claim_run(engine, rid, "gpu-b:4242:x")
+    assert not runner.owed(store.get_run(engine, rid))
+    assert _final(_done({rid: "running"}), engine, "o") == {rid: "running"}  # training under another runner
+    store.update_run(engine, rid, heartbeat_at=store.utcnow() - dt.timedelta(seconds=store.stale_seconds() + 1))
+    assert runner.owed(store.get_run(engine, rid))
+    with pytest.raises(TrialsFailed, match=rf"1 run\(s\) still owed, never finished: run {rid} \(running"):
+        _final(_done({rid: "running"}, dispatches={rid: 1}), engine, "o")

@@ -78,3 +78,61 @@ def test_the_command_exits_with_the_watchs_code(sweep, sqlite_url, monkeypatch, 
     _set(engine, ids, "completed", "cancelled", "completed")
     assert main(["sweep", "watch", "w", "--db", sqlite_url, "--poll", "0.5"]) == CANCELLED
     assert "sweep w: 3/3 finished (1 cancelled, 2 completed)" in capsys.readouterr().out
+
+
+def test_a_completed_sweep_flow_run_with_a_run_untrained_exits_1_naming_it(sweep, sqlite_url):
+    """The watch's end uses the sweep flow's rule of owed (runner.owed): a flow run that says Completed while a
+    run is still pending (or claimed by a process that is gone) does not make the watch exit 0."""
+    from prefect.states import Completed
+
+    from flows.watch import _outcome
+
+    engine, ids = sweep
+    _set(engine, ids, "completed", "completed", "pending")
+    said: list[str] = []
+    assert _outcome(engine, "w", {"completed": 2, "pending": 1}, Completed(), said.append) == FAILED
+    assert f"1 run(s) still owed, never trained: run {ids[2]} (pending)" in said
+    _set(engine, ids, "completed", "completed", "completed")
+    assert _outcome(engine, "w", {"completed": 3}, Completed(), said.append) == COMPLETED
+
+
+def test_the_watch_follows_a_new_deployment_run_that_has_not_labelled_itself_yet(sweep, sqlite_url, prefect_api):
+    """A second `prefect deployment run sweep/w` is Scheduled without the sweep's labels (the flow labels itself
+    once it has registered the sweep): the watch follows it, not the labelled flow run that ended before it, and one
+    that renames the sweep (`--param budget=...`) is not taken for this sweep. A real Prefect API server."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Completed, Running
+
+    from flows.cancel import DB_LABEL, SWEEP_LABEL
+    from flows.watch import _newest_sweep_flow_run
+
+    engine, ids = sweep
+    database = store.database_id(engine)
+    _set(engine, ids, "completed", "completed", "completed")
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow_from_name("sweep")
+        deployment = client.create_deployment(flow_id=flow_id, name="w")
+        old = client.create_flow_run_from_deployment(deployment)
+        client.update_flow_run_labels(old.id, {SWEEP_LABEL: "w", DB_LABEL: database})
+        client.set_flow_run_state(old.id, Completed(), force=True)
+        assert _newest_sweep_flow_run("w", database).id == old.id
+        renamed = client.create_flow_run_from_deployment(deployment, parameters={"budget": "steps=9"})
+        assert _newest_sweep_flow_run("w", database).id == old.id  # sweep w-steps-9's, not w's
+        new = client.create_flow_run_from_deployment(deployment)
+        assert renamed.id != new.id and _newest_sweep_flow_run("w", database).id == new.id
+        said: list[str] = []
+
+        def the_new_run_goes_on() -> None:
+            time.sleep(1.5)
+            client.set_flow_run_state(new.id, Running(), force=True)
+            time.sleep(1.5)
+            client.set_flow_run_state(new.id, Completed(), force=True)
+
+        other = threading.Thread(target=the_new_run_goes_on)
+        other.start()
+        started = time.monotonic()
+        code = watch_sweep("w", sqlite_url, said.append, poll_seconds=0.5)
+        other.join()
+    assert code == COMPLETED and time.monotonic() - started >= 3, said  # it waited for the new run's end
+    assert any(new.name in line and "Scheduled" in line for line in said), said
+    assert said[-1].endswith(f"flow run {new.name}: Completed"), said

@@ -274,9 +274,11 @@ def test_ablate_worker_starts_one_prefect_worker_per_gpu_each_on_its_own_device(
     (shim / "prefect").chmod(0o755)
     ablate = str(Path(sys.executable).parent / "ablate")
     env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "2,3,5,7",
-           "PREFECT_API_URL": prefect_api}
-    subprocess.run([ablate, "worker", "--pool", "v100", "--host", "gpu-b"], env=env, check=True,
-                   capture_output=True, timeout=patience(60))
+           "PREFECT_API_URL": prefect_api, "ABLATE_DB_URL": f"sqlite:///{tmp_path / 'results.db'}",
+           "ABLATE_ARTIFACTS": str(tmp_path / "art")}  # what the host check at start asks for
+    started = subprocess.run([ablate, "worker", "--pool", "v100", "--host", "gpu-b"], env=env, capture_output=True,
+                             text=True, timeout=patience(60))
+    assert started.returncode == 0, started.stderr[-2000:]
     with get_client(sync_client=True) as client:
         queues = {q.name for q in client.read_work_queues(work_pool_name="v100")}
     lines = sorted(record.read_text().splitlines())
