@@ -137,10 +137,8 @@ def faults_in_a_row(path: Path) -> list[str]:
         lines = path.read_text().splitlines()
     except OSError:
         return []
-    faults: list[str] = []
-    for line in lines:
-        faults = faults + [line[6:]] if line.startswith("fault ") else []
-    return faults
+    since_ok = lines[max((i for i, line in enumerate(lines) if line == "ok"), default=-1) + 1:]
+    return [line.removeprefix("fault ") for line in since_ok if line.startswith("fault ")]
 
 
 def mark_drained(pool: str, queue: str, reason: str | None) -> None:
