@@ -26,9 +26,10 @@ def draw(rng, races: int, n_max: int, effect: float):
     return rng.normal(0.0, 1.0, (races, n_max)), rng.normal(effect, 1.0, (races, n_max))
 
 
-def looks_of(better, worse, planned: list[int]):
-    """looks[i][r]: race i's Look at round r (seeds 0..n−1 a side), Welch's test computed for every race at once
-    (the same numbers as ablate.results.stats.welch; tests/results/test_race.py holds that)."""
+def looks_of(better, worse, planned: list[int], sesoi: float | None = None):
+    """looks[i][r]: race i's Look at round r (seeds 0..n−1 a side), Welch's test (and with a `sesoi`, its TOST)
+    computed for every race at once (the same numbers as ablate.results.stats.welch and .equivalence;
+    tests/results/test_race.py holds that)."""
     import numpy as np
     from scipy import stats as st
 
@@ -43,7 +44,11 @@ def looks_of(better, worse, planned: list[int]):
         df = (vb + vw) ** 2 / (vb ** 2 / (n - 1) + vw ** 2 / (n - 1))
         t = effect / se
         p_two = np.minimum(1.0, 2 * np.minimum(st.t.sf(t, df), st.t.cdf(t, df)))
-        columns.append([Look(n, n, float(e), float(p)) for e, p in zip(effect, p_two)])
+        if sesoi is None:
+            columns.append([Look(n, n, float(e), float(p)) for e, p in zip(effect, p_two)])
+            continue
+        p_eq = np.maximum(st.t.sf((effect + sesoi) / se, df), st.t.sf((sesoi - effect) / se, df))
+        columns.append([Look(n, n, float(e), float(p), sesoi, float(q)) for e, p, q in zip(effect, p_two, p_eq)])
     return [list(row) for row in zip(*columns)]
 
 

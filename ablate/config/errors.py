@@ -36,6 +36,11 @@ def show(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def flow(where: dict) -> str:
+    """A mapping as a spec writes it inline, e.g. a claim's side: {architecture: mixer, d_model: 32}."""
+    return "{" + ", ".join(f"{k}: {v}" for k, v in where.items()) + "}"
+
+
 def one_line(exc: BaseException, whole: str) -> str:
     """What a run row stores of an error: an AblateError's message; else the exception's type and first line, where
     it was raised, and where its whole traceback is (`whole`); `runs.error` never holds a traceback."""

@@ -9,8 +9,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from ablate.config import registry
-from ablate.config.errors import SpecError, did_you_mean, one_of, show as _show
-from ablate.config.sweep import SweepSpec
+from ablate.config.errors import SpecError, did_you_mean, flow, one_of, show as _show
+from ablate.config.sweep import SweepSpec, same_value
 from ablate.config.trial import AXIS_FIELDS, SWEEP_LEVEL_FIELDS, TrialConfig, with_recipe
 
 MAX_TRIALS = 10_000
@@ -111,6 +111,8 @@ def expand_grid(spec: SweepSpec, source: str = "<spec>", max_trials: int = MAX_T
             later.append(f"reference[{j}].match: {_show(ref.match)} matches no trial of the grid; "
                             "check the axis names and values")
     later += _check_report_axes(spec, trials)
+    later += _check_claim_sides(spec, trials)
+    later += _check_race_can_test(spec, trials)
     if later:
         raise SpecError(later, source)
     return trials
@@ -167,6 +169,38 @@ def _check_report_axes(spec: SweepSpec, trials: list[TrialConfig]) -> list[str]:
         named += [(f"report.orderings[{j}].at", n) for n in order.at]
     return [f"{where}: '{name}' is not an axis of this sweep's trials{did_you_mean(name, known)}; axes: {one_of(known)}"
             for where, name in named if name not in known]
+
+
+def _check_claim_sides(spec: SweepSpec, trials: list[TrialConfig]) -> list[str]:
+    """A claim compares two configurations: a trial that both of its sides match would be compared with itself
+    (p = 1, counted in Holm's m) while the configuration it should meet is dropped."""
+    problems = []
+    for j, order in enumerate(spec.report.orderings):
+        both = [t for t in trials if _matches(t, order.better) and _matches(t, order.worse)]
+        if both:
+            other = "matches" if order.parity else "worse"
+            example = " ".join(f"{k}={v}" for k, v in both[0].axes().items() if k in {*order.better, *order.worse})
+            problems.append(f"report.orderings[{j}]: better {flow(order.better)} and {other} {flow(order.worse)} "
+                            f"both match {len(both)} trial(s) (e.g. {example}), which would be compared with "
+                            "themselves; give the sides values of one axis that tell them apart, e.g. "
+                            "better: {architecture: mixer}, worse: {architecture: llama}")
+    return problems
+
+
+def _check_race_can_test(spec: SweepSpec, trials: list[TrialConfig]) -> list[str]:
+    """A race whose runs all stop short of report.min_steps gets no number from any cell: every look is n = 0 and
+    each round adds seeds for nothing."""
+    steps = [t.budget.steps for t in trials]
+    if spec.adaptive is None or not steps or None in steps or max(steps) >= spec.report.min_steps:
+        return []
+    return [f"adaptive: every trial trains budget.steps={max(steps)} steps or fewer, under report.min_steps="
+            f"{spec.report.min_steps}, so no cell of the race gets a number and each round would add seeds for "
+            f"nothing; raise budget.steps to {spec.report.min_steps} or more, or lower report.min_steps"]
+
+
+def _matches(trial: TrialConfig, where: dict[str, Any]) -> bool:
+    axes = trial.axes()
+    return all(k in axes and same_value(axes[k], v) for k, v in where.items())
 
 
 def _field_named_by(message: str) -> str:

@@ -11,7 +11,7 @@ from ablate.config.adaptive import AdaptiveBlock
 from ablate.config.data import DatasetRef, PairsRef, TokenizerRef
 from ablate.config.errors import did_you_mean, one_of
 from ablate.config.trial import GRID_FIELDS, TrialConfig, fingerprint
-from ablate.config.units import X_KINDS, Budget, EvalPlan, Frozen, Real, Whole, parse_at
+from ablate.config.units import X_KINDS, Budget, EvalPlan, Frozen, LaterFields, Real, Whole, parse_at
 
 NAME_MAX = 200  # characters of a sweep name, on every engine (sweeps.name is VARCHAR(200))
 
@@ -68,21 +68,50 @@ class TableSpec(Frozen):
     where: dict[str, Any] = Field(default_factory=dict)  # only trials matching these axes
 
 
-class Ordering(Frozen):
+class Ordering(LaterFields):
     """A published ordering the report checks on our table: runs matching `better` reach a lower test loss
-    than runs matching `worse`, at each combination of the `at` axes (held equal)."""
+    than runs matching `worse`, at each combination of the `at` axes (held equal). With a smallest effect of
+    interest (`sesoi`, here or the report's), a claim can also end "equivalent within ±sesoi".
+
+    A parity claim (`matches: {...}, within: 0.02` in place of `worse`, as the studies claim one-step parity) says
+    the sides are equal within ±within nats: it holds when two one-sided tests show so, and is reversed when they
+    differ. It is kept as `worse` = the matched side, `sesoi` = within, `parity` = true."""
+
+    _added_later = ("sesoi", "parity")
 
     claim: str = Field(min_length=1)  # the study's statement, with where it is published
     better: dict[str, Any]
     worse: dict[str, Any]
     at: tuple[str, ...] = ()
+    sesoi: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # nats; None: the report's
+    parity: bool | None = None  # true: a parity claim (`matches`/`within`)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parity(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or ("matches" not in data and "within" not in data):
+            return data
+        if "matches" not in data:
+            raise ValueError("`within` goes with `matches` (a parity claim); an ordering's smallest effect of "
+                             "interest is `sesoi`")
+        if "worse" in data:
+            raise ValueError("give `worse` (an ordering) or `matches` (a parity claim), not both")
+        if "within" not in data:
+            raise ValueError("`matches` needs `within`: the nats within which the two sides count as equal, e.g. "
+                             "within: 0.02")
+        if "sesoi" in data:
+            raise ValueError("a parity claim's `within` is its smallest effect of interest: leave out `sesoi`")
+        rest = {k: v for k, v in data.items() if k not in ("matches", "within")}
+        return {**rest, "worse": data["matches"], "sesoi": data["within"], "parity": True}
 
 
 # report fields that change how runs are read or described, never which runs exist
 READING_ONLY = ("min_steps", "at", "group", "reference_tokenizer")
 
 
-class ReportBlock(Frozen):
+class ReportBlock(LaterFields):
+    _added_later = ("sesoi",)
+
     tables: tuple[TableSpec, ...] = (TableSpec(),)
     # the figures' x axes: the x kinds of `at` and the dashboard (seconds are drawn in hours, minutes or seconds)
     curves: tuple[Literal[X_KINDS], ...] = ("seconds", "tokens")
@@ -98,6 +127,12 @@ class ReportBlock(Frozen):
     group: tuple[str, ...] | None = Field(default=None, min_length=1)
     # the tokenizer behind the `reference:` numbers, in words: printed under every table that shows them
     reference_tokenizer: str | None = None
+    # the smallest effect of interest, in nats, of every ordering that names none: a claim whose effect is shown
+    # within ±sesoi (two one-sided tests) is "equivalent"; without one, a small effect is only "not significant"
+    sesoi: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    def sesoi_of(self, order: Ordering) -> float | None:
+        return order.sesoi if order.sesoi is not None else self.sesoi
 
     @field_validator("curves", mode="before")
     @classmethod

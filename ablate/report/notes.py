@@ -55,10 +55,16 @@ def code_lines(views: list[RunView]) -> list[str]:
 
 def method_line(claims: Claims) -> str:
     """How every verdict was reached, in one sentence (under the claims table; `ablate report` prints it)."""
-    holm = f"Holm-adjusted over the report's {claims.tests} comparisons" if claims.tests > 1 else "one comparison"
-    return (f"Welch's t-test across seeds, {stats.FAMILY_NOTE}; {holm}; an effect under {stats.RESOLUTION:g} nats is "
-            "no difference; a side that lost seeds to divergence, where leaving them out would flatter it, is tested "
-            "with each counted at the comparison's worst finished loss")
+    holm = (f"Holm-adjusted over the report's {claims.tests} comparisons" if claims.tests > 1 else
+            "one comparison" if claims.tests == 1 else "no comparison tested yet")
+    bounded = sorted({c.sesoi for c in claims.cells if c.sesoi is not None})
+    equivalence = (f"; equivalent: two one-sided Welch tests (TOST) put the effect within ±SESOI "
+                   f"({', '.join(f'{s:g}' for s in bounded)} nats), Holm-adjusted over the claims with one"
+                   if bounded else "; no claim has a smallest effect of interest (report.sesoi), so none can be "
+                   "shown equivalent: not significant is not no difference")
+    return (f"Welch's t-test across seeds, {stats.FAMILY_NOTE}; {holm}{equivalence}; a side that lost seeds to "
+            "divergence, where leaving them out would flatter it, is tested with each counted at the comparison's "
+            "worst finished loss")
 
 
 def check_orderings(spec: SweepSpec, views: list[RunView], claims: Claims | None = None) -> list[str]:
@@ -71,7 +77,7 @@ def check_orderings(spec: SweepSpec, views: list[RunView], claims: Claims | None
     for order in spec.report.orderings:
         cells = claims.of(order)
         if not cells:
-            lines.append(f"Study: {order.claim} Here: no pair of runs to compare yet.")
+            lines.append(f"Study: {order.claim} Here: {claims.why_none(order)}.")
             continue
         counts: dict[str, int] = {}
         for c in cells:
@@ -113,7 +119,9 @@ def verdict_notes(cell: ClaimCell) -> list[str]:
     if cell.counted_worst is not None:
         alone = f"; the finished seeds alone: one-sided p = {p_text(cell.comparison.p)}" if cell.comparison.tested else ""
         notes.append(worst_text(cell) + alone)
-    if cell.comparison is not None and not cell.comparison.tested:
+    if cell.comparison is not None and cell.comparison.identical:
+        notes.append(stats.IDENTICAL)
+    elif cell.comparison is not None and not cell.comparison.tested:
         notes.append("one seed on a side, or a non-finite loss: no test")
     if cell.below_floor:
         notes.append(f"below the noise floor {cell.floor:.3f}")
@@ -129,6 +137,8 @@ def cell_text(cell: ClaimCell) -> str:
         text += f", effect {c.effect:+.3f} nats [{c.low:+.3f}, {c.high:+.3f}], p = {p_text(c.p)} one-sided"
         if cell.p_adjusted is not None:
             text += f", {_p(cell.p_adjusted)} two-sided adjusted"
+        if cell.p_equivalent is not None:
+            text += f", equivalence (±{cell.sesoi:g}) {_p(cell.p_equivalent)} adjusted"
     else:
         text += f", effect {c.effect:+.3f} nats"
     text += f" → {cell.verdict}"

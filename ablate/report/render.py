@@ -140,6 +140,7 @@ def build_comparison(sweeps: list[str], url: str | None = None, out: Path | None
             for v in vs:
                 v.axes["sweep"] = name
             views += vs
+        _fill_unvaried(views)
         loaded()
         title = " vs ".join(sweeps)
         combined = specs[0].model_copy(update={"name": "compare-" + "-".join(sweeps),
@@ -147,6 +148,17 @@ def build_comparison(sweeps: list[str], url: str | None = None, out: Path | None
         table = one_table(combined, TableSpec(title=title, group_by=(), columns="sweep"), views)
         return _render(engine, combined, views, [table], sweeps, url,
                        out or Path("results/reports") / combined.name, formats, skip, artifacts)
+
+
+def _fill_unvaried(views: list[RunView]) -> None:
+    """An axis one sweep varies and another holds constant: the other's runs get their own value of it, from their
+    configuration, not None (a column 'weight_decay=None' for runs whose config holds 0.0)."""
+    keys = {k for v in views for k in v.axes}
+    for v in views:
+        missing = keys - v.axes.keys()
+        if missing and v.trial is not None:
+            flat = v.trial.flat()
+            v.axes.update({k: flat[k] for k in sorted(missing) if k in flat})
 
 
 def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: list[Table], sweeps: list[str],

@@ -45,11 +45,11 @@ def verdict_table(spec: SweepSpec, claims: Claims, race: dict[str, str] | None =
     method = method_line(claims) + ("; " + RACED if race is not None else "")
     table = VerdictTable(method=method, floor=floor_line(claims))
     for i, order in enumerate(spec.report.orderings, 1):
-        short = f"{i}: {label_of(order.better)} < {label_of(order.worse)}"
+        short = f"{i}: {label_of(order.better)} {'≈' if order.parity else '<'} {label_of(order.worse)}"
         table.statements.append(f"{i}: {order.claim}")
         cells = claims.of(order)
         if not cells:
-            table.rows.append([short, "-", "no pair of runs to compare yet", "", "", "", "", "", ""])
+            table.rows.append([short, "-", claims.why_none(order), "", "", "", "", "", ""])
         for cell in cells:
             c = cell.comparison
             effect = ("" if c is None else f"{c.effect:+.3f} [{c.low:+.3f}, {c.high:+.3f}]" if c.tested

@@ -4,7 +4,9 @@
 the runs matching each side are split by every axis that differs among them (cells.py), the axes both sides
 share values of are held equal (the ordering's `at` axes and any other), and an axis only one side varies splits
 that side. Each cell compares its sides across seeds (stats.welch); the verdicts read the two-sided p-values
-Holm-adjusted over every comparison of the report, and the effect's sign. A run gives no number when it did not
+Holm-adjusted over every comparison of the report, and the effect's sign; where the claim has a smallest effect
+of interest (SESOI), two one-sided tests that the effect lies within ±SESOI, Holm-adjusted over the report's
+claims with one, can make it "equivalent". A run gives no number when it did not
 complete, its loss is not finite, or it trained fewer than the report's `min_steps` steps (under `--at`, fewer
 steps by the budget read); each cell says what it left out and why. A side that lost seeds to divergence is
 tested with each counted at the comparison's worst finished loss whenever leaving them out could flatter it (the
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ablate.config import Ordering, SweepSpec
+from ablate.config.errors import flow
 from ablate.results import stats
 from ablate.results.cells import Seeds, config_keys, differing, read_seeds, split_axes
 from ablate.results.equal import RowAt
@@ -60,6 +63,8 @@ class ClaimCell:
     counted_worst: tuple[str, int, float] | None = None  # (side, diverged seeds, the loss they were counted at)
     verdict: str = stats.UNTESTED
     p_adjusted: float | None = None  # the two-sided p of `test`, Holm-adjusted over the report
+    sesoi: float | None = None  # the smallest effect of interest (nats): the ordering's, or the report's
+    p_equivalent: float | None = None  # the TOST p of `test` within ±sesoi, Holm-adjusted over the report
     floor: float | None = None  # the larger noise floor of the two sides' architectures
 
     @property
@@ -75,9 +80,15 @@ class Claims:
     floor: dict[str, tuple[float | None, int]] = field(default_factory=dict)  # architecture -> (std, cells)
     tests: int = 0  # comparisons adjusted together (Holm's m)
     min_steps: int = 0
+    unmatched: list[tuple[Ordering, str]] = field(default_factory=list)  # a side no run matches, in words
 
     def of(self, ordering: Ordering) -> list[ClaimCell]:
         return [c for c in self.cells if c.ordering is ordering]
+
+    def why_none(self, ordering: Ordering) -> str:
+        """Why an ordering has no cell: the side no run matches, or no pair of runs yet."""
+        said = [why for order, why in self.unmatched if order is ordering]
+        return said[0] if said else "no pair of runs to compare yet"
 
 
 def noise_floor(views: list[RunView], min_steps: int = 0, value: Value = final_eval_loss
@@ -106,11 +117,22 @@ def check_claims(spec: SweepSpec, views: list[RunView], value: Value = final_eva
     result = Claims(floor=floor, min_steps=min_steps)
     for order in spec.report.orderings:
         result.cells += _cells_of(order, views, value, min_steps, floor)
+        sides = [("better", order.better), ("matches" if order.parity else "worse", order.worse)]
+        empty = [f"{name} {flow(where)}" for name, where in sides if not any(matches_where(v, where) for v in views)]
+        if empty:
+            result.unmatched.append((order, f"no run matches its {' or its '.join(empty)}"))
     tested = [c for c in result.cells if c.test is not None and c.test.tested]
     result.tests = len(tested)
+    for cell in result.cells:
+        cell.sesoi = spec.report.sesoi_of(cell.ordering)
+    bounded = [c for c in tested if c.sesoi is not None]
+    for cell, p in zip(bounded, stats.holm([stats.equivalence(c.test, c.sesoi) for c in bounded])):
+        cell.p_equivalent = p
     for cell, p in zip(tested, stats.holm([c.test.p_two_sided for c in tested])):
         cell.p_adjusted = p
-        cell.verdict = stats.verdict(p, cell.test.effect)
+        cell.verdict = stats.verdict(p, cell.test.effect, sesoi=cell.sesoi, p_equivalent=cell.p_equivalent)
+        if cell.ordering.parity:
+            cell.verdict = stats.parity_text(cell.verdict, cell.sesoi)
     return result
 
 
@@ -187,7 +209,7 @@ def _cell(order: Ordering, where: dict[str, Any], b_where: dict[str, Any], b_run
 CLAIM_COLUMNS = ("claim", "where", "better", "better_mean", "better_low", "better_high", "better_n", "better_left_out",
                  "worse", "worse_mean", "worse_low", "worse_high", "worse_n", "worse_left_out", "effect", "effect_low",
                  "effect_high", "p", "p_two_sided", "p_adjusted", "tests", "verdict", "counted_worst", "noise_floor",
-                 "below_floor")
+                 "below_floor", "sesoi", "p_equivalent")
 
 
 def side_name(cell: ClaimCell, side: str) -> dict[str, Any]:
@@ -228,7 +250,8 @@ def claim_rows(claims: Claims) -> list[tuple[Any, ...]]:
         rows.append((cell.ordering.claim, json.dumps(cell.where, sort_keys=True, default=str), *side["better"],
                      *side["worse"], c.effect if c else None, c.low if c else None, c.high if c else None,
                      c.p if c else None, cell.test.p_two_sided if cell.test else None, cell.p_adjusted,
-                     claims.tests, cell.verdict, worst_text(cell), cell.floor, cell.below_floor))
+                     claims.tests, cell.verdict, worst_text(cell), cell.floor, cell.below_floor, cell.sesoi,
+                     cell.p_equivalent))
     return rows
 
 

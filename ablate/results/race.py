@@ -12,6 +12,14 @@ alpha/m; once one is rejected, the others are tested at alpha/(m − rejected) f
 recomputed at that level (within a round too, until no new one is rejected). The family-wise error stays at most
 alpha.
 
+Equivalence: a hypothesis with a smallest effect of interest (the claim's SESOI) is first tested, at each look,
+for lying within ±SESOI by two one-sided tests (TOST) against one-sided group-sequential boundaries at its level
+(each side's boundary of the two-sided boundaries at twice the level), in its own Holm family (the hypotheses with
+a SESOI), so that a false "equivalent" at |effect| = SESOI stays at most alpha however many rounds are looked at;
+equivalent before holds, as in the report (an effect shown within ±SESOI is too small to matter, significant or
+not), and never stopped for futility (a flat trend is what equivalence looks like). A small effect without a SESOI
+is never a decision: it races on to "not significant".
+
 Futility (optional, non-binding: the boundaries ignore it, so stopping early only makes the test more careful): a
 hypothesis whose conditional power under the trend seen so far (sequential.conditional_power) is below
 `futility_power` stops, from `futility_after` of the information on: "not significant (stopped for futility at
@@ -74,13 +82,24 @@ class Look:
     n_worse: int
     effect: float | None  # mean(worse) − mean(better): > 0 where the claim holds
     p_two_sided: float | None  # None: untested (a side with fewer than 2 finished seeds, a non-finite loss)
+    sesoi: float | None = None  # the claim's smallest effect of interest (nats): tested for equivalence
+    p_equivalent: float | None = None  # the look's TOST p within ±sesoi (one-sided, the larger of the two)
+    parity: bool = False  # a parity claim's: its decisions are said in its words (stats.parity_text)
 
     @classmethod
-    def of(cls, better: Sequence[float], worse: Sequence[float]) -> Look:
+    def of(cls, better: Sequence[float], worse: Sequence[float], sesoi: float | None = None,
+           parity: bool = False) -> Look:
         if not better or not worse:
-            return cls(len(better), len(worse), None, None)
+            return cls(len(better), len(worse), None, None, sesoi, parity=parity)
         c = stats.welch(better, worse)
-        return cls(len(better), len(worse), c.effect, c.p_two_sided)
+        return cls.of_test(len(better), len(worse), c, sesoi, parity)
+
+    @classmethod
+    def of_test(cls, n_better: int, n_worse: int, c: stats.Comparison, sesoi: float | None,
+                parity: bool = False) -> Look:
+        """A look at a comparison already made (a claim cell's test)."""
+        equivalent = stats.equivalence(c, sesoi) if sesoi is not None else None
+        return cls(n_better, n_worse, c.effect, c.p_two_sided, sesoi, equivalent, parity)
 
 
 @dataclass(frozen=True)
@@ -93,19 +112,27 @@ class Decision:
     z: float | None
     boundary: float | None
     level: float  # the hypothesis's share of alpha at this round (Holm: alpha / (m − rejected))
-    decision: str  # CONTINUE, or final: holds, reversed, no difference, futility, max reached, untested
+    decision: str  # CONTINUE, or final: holds, reversed, equivalent, futility, max reached, untested
     power: float | None = None  # the conditional power futility read
+    sesoi: float | None = None  # the hypothesis's smallest effect of interest
+    parity: bool = False  # a parity claim's decision: said in its words
 
     @property
     def final(self) -> bool:
         return self.decision != CONTINUE
 
     def verdict(self) -> str:
-        """The claim's verdict in the report's words."""
+        """The claim's verdict in the report's words (a parity claim's in its own: stats.parity_text)."""
+        said = self._said()
+        return stats.parity_text(said, self.sesoi) if self.parity and self.sesoi is not None else said
+
+    def _said(self) -> str:
         if self.decision == FUTILITY:
             return f"{stats.NOT_SIGNIFICANT} (stopped for futility at n={min(self.n_better, self.n_worse)})"
         if self.decision == MAX_REACHED:
             return f"{stats.NOT_SIGNIFICANT} (max seeds reached, n={min(self.n_better, self.n_worse)})"
+        if self.decision == stats.EQUIVALENT and self.sesoi is not None:
+            return stats.equivalent_text(self.sesoi)
         return self.decision
 
 
@@ -123,7 +150,8 @@ def claim_text(cell: Any) -> str:
 
     where = ", ".join(f"{k}={v}" for k, v in cell.where.items())
     head = f"{cell.ordering.claim} [{where}]: " if where else f"{cell.ordering.claim}: "
-    return head + f"{label_of(side_name(cell, 'better'))} < {label_of(side_name(cell, 'worse'))}"
+    relation = " ≈ " if cell.ordering.parity else " < "
+    return head + label_of(side_name(cell, "better")) + relation + label_of(side_name(cell, "worse"))
 
 
 def decide(design: RaceDesign, looks: Sequence[Sequence[Look]]) -> list[list[Decision]]:
@@ -135,6 +163,8 @@ def decide(design: RaceDesign, looks: Sequence[Sequence[Look]]) -> list[list[Dec
     out: list[list[Decision]] = [[] for _ in looks]
     fractions: list[list[float]] = [[] for _ in looks]  # of each hypothesis's tested looks
     rejected = 0
+    bounded = sum(1 for h in looks if any(look.sesoi is not None for look in h))  # the equivalence family's m
+    shown = [0]  # equivalences shown so far (Holm within that family)
     for r in range(max((len(h) for h in looks), default=0)):
         last = r == len(planned) - 1
         todo = [h for h in range(m) if r < len(looks[h]) and not (out[h] and out[h][-1].final)]
@@ -147,13 +177,11 @@ def decide(design: RaceDesign, looks: Sequence[Sequence[Look]]) -> list[list[Dec
                 # more seeds of it would end the same way, so it stops here, untested
                 stuck = r > 0 and _fewest(looks[h][r - 1]) >= _fewest(look)
                 out[h].append(_untested(r, look, design, m, rejected, last or stuck))
-            elif abs(look.effect) < stats.RESOLUTION:
-                out[h].append(Decision(r, look.n_better, look.n_worse, 0.0, None, design.alpha / max(m - rejected, 1),
-                                       stats.NO_DIFFERENCE))
             elif fractions[h] and t <= fractions[h][-1]:  # no information since its last look: not looked at again
                 out[h].append(_untested(r, look, design, m, rejected, last))
             else:
                 pending[h] = (z_of(look.p_two_sided, look.effect), t, [*fractions[h], t])
+        _equivalences(design, looks, r, pending, out, fractions, bounded, shown)
         while pending:  # Holm: each rejection raises the others' level, within this round too
             level = design.alpha / max(m - rejected, 1)
             newly = [h for h, (z, _, ts) in pending.items() if abs(z) >= boundaries(ts, level, design.spending)[-1]]
@@ -163,7 +191,8 @@ def decide(design: RaceDesign, looks: Sequence[Sequence[Look]]) -> list[list[Dec
                 z, t, ts = pending.pop(h)
                 look = looks[h][r]
                 out[h].append(Decision(r, look.n_better, look.n_worse, z, boundaries(ts, level, design.spending)[-1],
-                                       level, stats.HOLDS if z > 0 else stats.REVERSED))
+                                       level, stats.HOLDS if z > 0 else stats.REVERSED, sesoi=look.sesoi,
+                                       parity=look.parity))
                 fractions[h] = ts
             rejected += len(newly)
         level = design.alpha / max(m - rejected, 1)
@@ -178,10 +207,42 @@ def decide(design: RaceDesign, looks: Sequence[Sequence[Look]]) -> list[list[Dec
                 future = [information_fraction(n, n, design.max) for n in planned[r + 1:-1]] + [1.0]
                 whole = boundaries([*ts, *(f for f in future if f > t)], level, design.spending)
                 power = conditional_power(z, t, whole[-1])
-                hopeless = design.futility and t >= design.futility_after and power < design.futility_power
+                # a claim with a SESOI races on to equivalence: a flat trend is what equivalence looks like
+                hopeless = (design.futility and look.sesoi is None and t >= design.futility_after
+                            and power < design.futility_power)
                 decision = FUTILITY if hopeless else CONTINUE
-            out[h].append(Decision(r, look.n_better, look.n_worse, z, bound, level, decision, power))
+            out[h].append(Decision(r, look.n_better, look.n_worse, z, bound, level, decision, power, look.sesoi,
+                                   look.parity))
     return out
+
+
+def _equivalences(design: RaceDesign, looks: Sequence[Sequence[Look]], r: int,
+                  pending: dict[int, tuple[float, float, list[float]]], out: list[list[Decision]],
+                  fractions: list[list[float]], bounded: int, shown: list[int]) -> None:
+    """The pending hypotheses with a SESOI whose TOST crosses its one-sided boundary at this look end equivalent,
+    Holm within the equivalence family (each one shown raises the others' level, within the round too)."""
+    from statistics import NormalDist
+
+    while True:
+        level = design.alpha / max(bounded - shown[0], 1)
+        newly = []
+        for h, (_, _, ts) in pending.items():
+            look = looks[h][r]
+            if look.p_equivalent is None:
+                continue
+            z = -NormalDist().inv_cdf(min(max(look.p_equivalent, 1e-300), 1 - 1e-16))
+            bound = boundaries(ts, 2 * level, design.spending)[-1]  # one side of the two-sided at 2 x level
+            if z >= bound:
+                newly.append((h, z, bound))
+        if not newly:
+            return
+        for h, z, bound in newly:
+            _, _, ts = pending.pop(h)
+            look = looks[h][r]
+            out[h].append(Decision(r, look.n_better, look.n_worse, z, bound, level, stats.EQUIVALENT,
+                                   sesoi=look.sesoi, parity=look.parity))
+            fractions[h] = ts
+        shown[0] += len(newly)
 
 
 def _fewest(look: Look) -> int:

@@ -6,9 +6,14 @@
   claim's direction and against it, and the two-sided p. Welch, not a permutation test: with 3 seeds a side a
   permutation test has 20 arrangements, so its smallest one-sided p is 0.05 and no claim could ever pass.
 - `holm`: Holm's step-down adjustment of a family of p-values (every comparison in one report).
-- `verdict`: holds / reversed / not significant / no difference / untested, from the two-sided Holm-adjusted p
-  and the effect's sign. Two-sided, because a report can conclude either direction: one-sided tests each way at
-  alpha would give a significant verdict under the null twice as often as alpha (FAMILY_NOTE says so in reports).
+- `equivalence`: two one-sided tests (TOST, Schuirmann 1987) that the effect lies within ±SESOI, the smallest
+  effect of interest: the larger of the two one-sided Welch p-values, so "equivalent" is wrong at most alpha of the
+  time when the true effect is ±SESOI.
+- `verdict`: holds / reversed / equivalent / not significant / untested, from the two-sided Holm-adjusted p, the
+  effect's sign and, where the claim has a SESOI, the Holm-adjusted TOST p. Two-sided, because a report can
+  conclude either direction: one-sided tests each way at alpha would give a significant verdict under the null
+  twice as often as alpha (FAMILY_NOTE says so in reports). A small effect is never read as "no difference": without
+  a SESOI it is "not significant", with its interval.
 
 Non-finite values (a diverged seed's NaN or inf) never raise: a cell with one has its mean (NaN or inf) and no
 interval, and a comparison with one is untested. The read side leaves such runs out of a cell and says so.
@@ -24,12 +29,11 @@ from dataclasses import dataclass
 
 LEVEL = 0.95  # confidence of every interval
 ALPHA = 0.05  # significance of every verdict, after Holm's adjustment
-# an effect smaller than this is "no difference", whatever its p: below what a loss logged in float32 and
-# averaged over an eval set resolves (a tie of 1e-9 nats between identical seeds got p = 0 and "holds")
-RESOLUTION = 1e-4  # nats
-
 HOLDS, NOT_SIGNIFICANT, REVERSED, UNTESTED = "holds", "not significant", "reversed", "untested"
-NO_DIFFERENCE = "no difference"
+EQUIVALENT = "equivalent"
+# both sides' seeds gave one loss each (zero spread): no test, whatever the means (two identical seeds a side gave
+# z = 37 and "holds"; a trainer that ignores its seed gives exactly this)
+IDENTICAL = "the seeds gave identical losses on each side (is the seed used?)"
 FAMILY_NOTE = ("two-sided, so that holds and reversed together are wrong at most 5% of the time when there is no "
                "difference (one-sided tests each way would be wrong 10% of the time); p is the one-sided p in the "
                "claim's direction, the verdict reads the two-sided p after Holm's adjustment and the effect's sign")
@@ -98,7 +102,7 @@ def mean_ci(values: Sequence[float], level: float = LEVEL) -> Estimate:
 class Comparison:
     """'better' against 'worse' across seeds. effect = mean(worse) − mean(better): > 0 where the claim holds.
     p: one-sided Welch p-value of the claim's direction; p_against: of the opposite direction. No test (p None)
-    with fewer than 2 seeds on a side, or a NaN or inf among them."""
+    with fewer than 2 seeds on a side, a NaN or inf among them, or no spread on either side (`identical`)."""
 
     better: Estimate
     worse: Estimate
@@ -108,6 +112,8 @@ class Comparison:
     p: float | None = None
     p_against: float | None = None
     df: float | None = None
+    se: float | None = None  # the standard error of the effect
+    identical: bool = False  # each side's seeds gave one loss: no test
 
     @property
     def tested(self) -> bool:
@@ -129,15 +135,25 @@ def welch(better: Sequence[float], worse: Sequence[float], level: float = LEVEL)
         return Comparison(better=b, worse=w, effect=effect)
     vb, vw = b.std ** 2 / b.n, w.std ** 2 / w.n
     se = math.sqrt(vb + vw)
-    if se == 0:  # identical seeds on both sides: the sign decides (a tie under RESOLUTION is no difference)
-        p = 0.0 if effect > 0 else 1.0 if effect < 0 else 0.5
-        return Comparison(better=b, worse=w, effect=effect, low=effect, high=effect, p=p, p_against=1.0 - p
-                          if effect != 0 else 0.5)
+    if se == 0:  # no spread on either side: no test (IDENTICAL)
+        return Comparison(better=b, worse=w, effect=effect, identical=True)
     df = (vb + vw) ** 2 / (vb ** 2 / (b.n - 1) + vw ** 2 / (w.n - 1))
     t = effect / se
     half = t_quantile(df, level) * se
     return Comparison(better=b, worse=w, effect=effect, low=effect - half, high=effect + half,
-                      p=float(stdtr(df, -t)), p_against=float(stdtr(df, t)), df=df)
+                      p=float(stdtr(df, -t)), p_against=float(stdtr(df, t)), df=df, se=se)
+
+
+def equivalence(c: Comparison, sesoi: float) -> float | None:
+    """The TOST p that the effect lies within ±sesoi: the larger of the one-sided Welch p-values of effect > −sesoi
+    and effect < +sesoi (None where `c` has no test). Below alpha: equivalent at level alpha."""
+    from scipy.special import stdtr
+
+    if not c.tested or c.se is None or c.df is None:
+        return None
+    above = float(stdtr(c.df, -(c.effect + sesoi) / c.se))  # H0: effect <= -sesoi
+    below = float(stdtr(c.df, -(sesoi - c.effect) / c.se))  # H0: effect >= +sesoi
+    return max(above, below)
 
 
 def holm(pvalues: Sequence[float | None]) -> list[float | None]:
@@ -154,17 +170,36 @@ def holm(pvalues: Sequence[float | None]) -> list[float | None]:
     return adjusted
 
 
-def verdict(p_adjusted: float | None, effect: float | None, alpha: float = ALPHA) -> str:
-    """From the two-sided p after Holm's adjustment and the effect (worse − better): holds (significant, the claim's
-    direction), reversed (significant, the other), not significant, no difference (|effect| < RESOLUTION),
-    untested (too few seeds, or a non-finite loss, for a test)."""
+def verdict(p_adjusted: float | None, effect: float | None, alpha: float = ALPHA, sesoi: float | None = None,
+            p_equivalent: float | None = None) -> str:
+    """From the two-sided p after Holm's adjustment and the effect (worse − better): equivalent (within ±sesoi: the
+    Holm-adjusted TOST p below alpha, even where the effect is also significant: it is too small to matter), holds
+    (significant, the claim's direction), reversed (significant, the other), not significant, untested (too few
+    seeds, a non-finite loss, or no spread, for a test)."""
     if p_adjusted is None or effect is None or not math.isfinite(effect):
         return UNTESTED
-    if abs(effect) < RESOLUTION:
-        return NO_DIFFERENCE
+    if sesoi is not None and p_equivalent is not None and p_equivalent < alpha:
+        return equivalent_text(sesoi)
     if p_adjusted < alpha:
         return HOLDS if effect > 0 else REVERSED
     return NOT_SIGNIFICANT
+
+
+def equivalent_text(sesoi: float) -> str:
+    """The verdict of a claim shown equivalent: 'equivalent within ±0.01 nats'."""
+    return f"{EQUIVALENT} within ±{sesoi:g} nats"
+
+
+def parity_text(said: str, sesoi: float) -> str:
+    """A verdict in a parity claim's words (the claim is that the sides are equal within ±sesoi): equivalent is
+    holds, a significant difference either way is reversed, not significant is undecided."""
+    if said == equivalent_text(sesoi):
+        return f"{HOLDS}: equal within ±{sesoi:g} nats"
+    if said in (HOLDS, REVERSED):
+        return f"{REVERSED}: the sides differ"
+    if said.startswith(NOT_SIGNIFICANT):
+        return f"undecided: neither equal within ±{sesoi:g} nats nor different" + said[len(NOT_SIGNIFICANT):]
+    return said
 
 
 def pooled_std(groups: Sequence[Sequence[float]]) -> tuple[float | None, int]:

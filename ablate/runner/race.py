@@ -153,10 +153,11 @@ def _look(cell: Any) -> Any:
     from ablate.results.race import Look
 
     if cell is None or cell.test is None:
-        return Look(0 if cell is None else cell.better.n, 0 if cell is None else cell.worse.n, None, None)
+        return Look(0 if cell is None else cell.better.n, 0 if cell is None else cell.worse.n, None, None,
+                    None if cell is None else cell.sesoi, parity=cell is not None and bool(cell.ordering.parity))
     counted = {cell.counted_worst[0]: cell.counted_worst[1]} if cell.counted_worst else {}
-    return Look(cell.better.n + counted.get("better", 0), cell.worse.n + counted.get("worse", 0), cell.test.effect,
-                cell.test.p_two_sided)
+    return Look.of_test(cell.better.n + counted.get("better", 0), cell.worse.n + counted.get("worse", 0), cell.test,
+                        cell.sesoi, bool(cell.ordering.parity))
 
 
 def _row(r: int, key: str, d: Any, best: str | None) -> dict[str, Any]:

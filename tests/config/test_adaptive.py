@@ -18,7 +18,8 @@ BASE = {
     "defaults": {"architecture": "mixer", "layers": 1, "context": 64, "lr": 1e-3, "batch_size": 4},
     "grid": [{"d_model": [8, 32]}],
     "adaptive": {"seeds": {"min": 2, "max": 10}},
-    "report": {"orderings": [{"claim": "wider is better", "better": {"d_model": 32}, "worse": {"d_model": 8}}]},
+    "report": {"orderings": [{"claim": "wider is better", "better": {"d_model": 32}, "worse": {"d_model": 8}}],
+               "min_steps": 5},  # under the 10 steps its runs train: the race can test its claims
 }
 
 
@@ -67,3 +68,12 @@ def test_max_past_the_trial_limit_is_refused_before_anything_runs():
     said = problems(spec_with(adaptive={"seeds": {"min": 2, "max": 40}}), max_trials=50)
     assert "adaptive.seeds.max: 2 cells at up to 40 seeds each is 80 trials, over the limit of 50" in said
     assert "--max-trials 80" in said
+
+
+def test_a_race_whose_runs_stop_short_of_min_steps_is_refused():
+    """Runs of 30 steps under min_steps 50: every look would be n = 0 and the race would add a round of seeds for
+    nothing (its footer then claimed a saving); refused before anything is registered."""
+    said = problems(spec_with(budget={"steps": 30}, report={**BASE["report"], "min_steps": 50}))
+    assert "adaptive: every trial trains budget.steps=30 steps or fewer, under report.min_steps=50" in said
+    assert "raise budget.steps to 50 or more, or lower report.min_steps" in said
+    expand_grid(parse_spec(spec_with(budget={"steps": 30}, report={**BASE["report"], "min_steps": 30})))

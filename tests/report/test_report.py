@@ -234,6 +234,23 @@ def test_compare_puts_two_sweeps_side_by_side(filled, tmp_path):
     assert len((tmp_path / "cmp" / "runs.csv").read_text().strip().splitlines()) == len(ids) + 2
 
 
+def test_compare_labels_an_axis_one_sweep_holds_constant_by_its_value_not_none(tmp_path):
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    _, _, varied = runner.register(write_spec(tmp_path, name="wd-a", grid=[
+        {"architecture": "mixer", "d_model": 32, "weight_decay": [0.0, 0.1]}]), url)
+    _, _, (held,) = runner.register(write_spec(tmp_path, name="wd-b", grid=[{"architecture": "mixer", "d_model": 32}]),
+                                    url)
+    engine = store.connect(url)
+    for rid in [*varied, held]:
+        store.update_run(engine, rid, status="completed", final_train_loss=1.25, final_eval_loss=1.5, steps=12)
+    constant = store.get_run(engine, held).config["weight_decay"]
+    from ablate.report import build_comparison
+
+    (table,) = build_comparison(["wd-a", "wd-b"], url, tmp_path / "cmp", formats=("md",)).tables
+    assert not any("None" in c for c in table.columns), table.columns
+    assert any(c.startswith("sweep=wd-b") and f"weight_decay={constant}" in c for c in table.columns), table.columns
+
+
 def test_every_loss_table_shows_epochs_and_notes_repeated_data(filled):
     url, ids, tmp = filled
     engine = store.connect(url)

@@ -50,6 +50,13 @@ def test_the_simulations_welch_is_the_reports_welch():
             c = stats.welch(list(better[i, :n]), list(worse[i, :n]))
             assert looks[i][r].effect == pytest.approx(c.effect, rel=1e-12)
             assert looks[i][r].p_two_sided == pytest.approx(c.p_two_sided, rel=1e-9)
+    bounded = looks_of(better, worse, [2, 4, 6], sesoi=0.5)
+    for i in range(5):
+        for r, n in enumerate([2, 4, 6]):
+            c = stats.welch(list(better[i, :n]), list(worse[i, :n]))
+            assert bounded[i][r].p_equivalent == pytest.approx(stats.equivalence(c, 0.5), rel=1e-9)
+            assert Look.of(list(better[i, :n]), list(worse[i, :n]), sesoi=0.5).p_equivalent == pytest.approx(
+                stats.equivalence(c, 0.5), rel=1e-12)
 
 
 @pytest.mark.parametrize("futility", [False, True])
@@ -107,9 +114,12 @@ def test_a_decision_is_final_replayed_the_same_and_an_untested_look_waits():
     assert first[1][0].z is None  # a side with one finished seed: no test, no boundary, no look spent
 
 
-def test_identical_sides_are_no_difference_and_the_naive_procedure_is_what_it_says():
+def test_equal_sides_are_never_no_difference_and_the_naive_procedure_is_what_it_says():
     design = RaceDesign(min=2, max=4)
-    assert decide(design, [[Look.of([2.0, 2.1], [2.0, 2.1])]])[0][-1].decision == stats.NO_DIFFERENCE
+    (d,) = decide(design, [[Look.of([2.0, 2.1], [2.0, 2.1])]])[0]  # effect 0: no decision of its own
+    assert d.decision == FUTILITY and d.verdict() == "not significant (stopped for futility at n=2)"
+    (d,) = decide(design, [[Look.of([2.0, 2.001], [2.0, 2.001], sesoi=0.1)]])[0]  # with a SESOI: shown equivalent
+    assert d.decision == stats.EQUIVALENT and d.verdict() == "equivalent within ±0.1 nats" and d.z > d.boundary
     assert naive(0.05, [[Look(2, 2, 0.3, 0.2), Look(3, 3, 0.3, 0.04)]]) == [stats.HOLDS]
 
 
@@ -140,3 +150,52 @@ def test_a_side_that_gives_no_number_and_gains_none_stops_untested_instead_of_ta
     assert [d.decision for d in decisions] == ["continue", stats.UNTESTED]  # one more seed tried, then stopped
     late = [Look(2, 1, None, None), Look(3, 2, 0.4, 0.3)]  # a side that gained its second seed is tested
     assert decide(design, [late])[0][-1].decision == "continue"
+
+
+def _equivalence_races(effect: float, sesoi: float, races: int, seed: int) -> tuple[float, float]:
+    """Races of one claim with a SESOI (min 2, max 10 seeds a side, Pocock, futility on): P(equivalent), mean seeds."""
+    rng = np.random.default_rng(seed)
+    design = RaceDesign(min=2, max=10)
+    better, worse = rng.normal(0, 1, (races, design.max)), rng.normal(effect, 1, (races, design.max))
+    looks = looks_of(better, worse, design.planned(), sesoi=sesoi)
+    last = [decide(design, [h])[0][-1] for h in looks]
+    return sum(d.decision == stats.EQUIVALENT for d in last) / races, sum(d.n_better for d in last) / races
+
+
+@pytest.mark.parametrize("effect", [1.5, -1.5])
+def test_a_race_says_equivalent_at_most_alpha_of_the_time_when_the_effect_is_the_sesoi(effect):
+    """Nine looks of a TOST at one-sided group-sequential boundaries: the error stays at alpha (looking at the
+    fixed level after every seed would spend it nine times)."""
+    rate, _ = _equivalence_races(effect, 1.5, 2000, seed=21 + int(effect > 0))
+    assert rate <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 2000)
+
+
+def test_a_race_with_no_effect_ends_equivalent_with_at_least_its_last_looks_power_never_for_futility():
+    """Known answers: at least the power of its last look alone (a TOST at 10 seeds a side at the Pocock boundary,
+    0.69), at most that of one TOST at 10 seeds at the fixed level (0.89): Pocock's price, which the race pays for
+    its early stops; futility (on) never stops a claim with a SESOI, so every race ends equivalent or at max."""
+    from scipy import stats as sps
+
+    rate, seeds = _equivalence_races(0.0, 1.5, 1000, seed=23)
+    design = RaceDesign(min=2, max=10)
+    last = boundaries([information_fraction(n, n, 10) for n in design.planned()], 0.1, "pocock")[-1]
+    crit = sps.t.isf(sps.norm.sf(last), 18)  # its t at 18 degrees of freedom
+    se = math.sqrt(2 / 10)
+    floor, fixed = 2 * sps.norm.cdf(1.5 / se - crit) - 1, 2 * sps.norm.cdf(1.5 / se - sps.t.isf(0.05, 18)) - 1
+    assert floor - 3 * math.sqrt(floor * (1 - floor) / 1000) <= rate <= fixed, (rate, floor, fixed)
+    assert seeds < 10  # some end before max
+    rng = np.random.default_rng(24)
+    flat = looks_of(rng.normal(0, 1, (200, 10)), rng.normal(0, 1, (200, 10)), design.planned(), sesoi=1.5)
+    assert all(d.decision != FUTILITY for h in flat for d in decide(design, [h])[0])
+
+
+def test_a_parity_claims_race_decisions_are_said_in_its_words():
+    design = RaceDesign(min=2, max=4)
+    (d,) = decide(design, [[Look.of([2.0, 2.001], [2.0, 2.001], sesoi=0.1, parity=True)]])[0]
+    assert d.verdict() == "holds: equal within ±0.1 nats"
+    (d,) = decide(design, [[Look.of([2.50, 2.51], [3.50, 3.52], sesoi=0.1, parity=True)]])[0]
+    assert d.decision == stats.HOLDS and d.verdict() == "reversed: the sides differ"
+    wide = [Look.of([2.0, 2.4][:2] + [2.2] * k, [2.1, 2.5][:2] + [2.3] * k, sesoi=0.01, parity=True) for k in range(3)]
+    last = decide(design, [wide])[0][-1]
+    assert last.decision == MAX_REACHED
+    assert last.verdict() == "undecided: neither equal within ±0.01 nats nor different (max seeds reached, n=4)"

@@ -96,7 +96,9 @@ def test_verdicts_read_the_two_sided_p_and_the_effects_sign():
     assert stats.verdict(0.01, 0.2) == stats.HOLDS
     assert stats.verdict(0.01, -0.2) == stats.REVERSED
     assert stats.verdict(0.2, 0.2) == stats.NOT_SIGNIFICANT
-    assert stats.verdict(0.0, 1e-9) == stats.NO_DIFFERENCE  # below the resolution floor, whatever its p
+    assert stats.verdict(0.0, 1e-9) == stats.HOLDS  # a small effect is read by its test, never "no difference"
+    assert stats.verdict(0.0, 1e-9, sesoi=0.01, p_equivalent=0.001) == "equivalent within ±0.01 nats"
+    assert stats.verdict(0.0, 1e-9, sesoi=0.01, p_equivalent=0.2) == stats.HOLDS
     assert stats.verdict(None, None) == stats.UNTESTED
 
 

@@ -5,6 +5,7 @@ read, the verdicts' family-wise error over both directions by simulation, ties, 
 from __future__ import annotations
 
 import math
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -216,9 +217,15 @@ def test_the_power_at_a_known_effect_is_the_two_sided_t_tests():
     assert expected - 0.05 <= power <= expected + 0.02
 
 
-def test_a_tie_below_the_resolution_is_no_difference_and_nan_never_raises():
-    c = stats.welch([2.0] * 3, [2.0 + 1e-9] * 3)
-    assert c.p == 0.0 and stats.verdict(stats.holm([c.p_two_sided])[0], c.effect) == stats.NO_DIFFERENCE
+def test_seeds_with_no_spread_are_untested_saying_why_and_nan_never_raises():
+    c = stats.welch([2.0] * 3, [2.0 + 1e-9] * 3)  # two seeds a side that gave one loss: z = 37 before, "holds"
+    assert c.identical and not c.tested and c.p is None
+    assert stats.verdict(stats.holm([c.p_two_sided])[0], c.effect) == stats.UNTESTED
+    views = _synthetic({("mixer", 64): [("completed", 2.0)] * 2, ("llama", 64): [("completed", 2.5)] * 2})
+    (cell,) = check_claims(_spec(), views).cells
+    assert cell.verdict == stats.UNTESTED and cell.p_adjusted is None
+    (line,) = check_orderings(_spec(), views)
+    assert "→ untested (the seeds gave identical losses on each side (is the seed used?))" in line
     e = stats.mean_ci([1.0, math.nan, 2.0])
     assert math.isnan(e.mean) and e.low is None and e.n == 3
     assert stats.mean_ci([1.0, math.inf]).mean == math.inf
@@ -271,3 +278,104 @@ def test_scaling_fits_one_law_per_configuration_and_keeps_an_lr_that_changes_wit
                                                      + 0.5 * law.where["weight_decay"] + 0.005, abs=1e-3)
     assert sorted((a, b) for _, a, b, _ in laws.crossovers) == [
         ("llama (weight_decay=0.0)", "mixer (weight_decay=0.0)"), ("llama (weight_decay=0.1)", "mixer (weight_decay=0.1)")]
+
+
+def _equivalent(effect: float, sesoi: float, n: int, draws: int, rng, sd: float = 1.0) -> tuple[float, list[str]]:
+    """P("equivalent") of one claim with a SESOI over `draws` reports, and every verdict given."""
+    verdicts = []
+    for _ in range(draws):
+        c = stats.welch(rng.normal(0, sd, n), rng.normal(effect, sd, n))
+        verdicts.append(stats.verdict(c.p_two_sided, c.effect, sesoi=sesoi, p_equivalent=stats.equivalence(c, sesoi)))
+    return sum(v == stats.equivalent_text(sesoi) for v in verdicts) / draws, verdicts
+
+
+@pytest.mark.parametrize("effect", [1.0, -1.0])
+def test_equivalent_is_said_at_most_5_percent_of_the_time_when_the_effect_is_the_sesoi(effect):
+    rate, _ = _equivalent(effect, 1.0, 8, 3000, np.random.default_rng(11 + int(effect > 0)))
+    assert rate <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 3000)
+
+
+def test_equivalence_at_no_effect_has_the_power_of_two_one_sided_t_tests():
+    n, sesoi = 20, 1.0
+    rate, _ = _equivalent(0.0, sesoi, n, 2000, np.random.default_rng(5))
+    se, crit = math.sqrt(2 / n), sps.t.ppf(0.95, 2 * n - 2)
+    expected = 2 * sps.norm.cdf(sesoi / se - crit) - 1  # 0.86 (the normal approximation, a little above the t's)
+    assert expected - 0.06 <= rate <= expected + 0.02
+
+
+def test_a_real_one_sd_effect_is_never_no_difference_at_a_tiny_seed_spread():
+    """The rule this replaces: |effect| < 1e-4 nats was "no difference" at any n; at a seed SD of 2e-4 nats a
+    1-SD effect ended so in about a third of reports. Now it is holds (with its power) or not significant."""
+    sd = 2e-4
+    rng = np.random.default_rng(3)
+    verdicts = []
+    for _ in range(2000):
+        c = stats.welch(rng.normal(0, sd, 5), rng.normal(sd, sd, 5))
+        verdicts.append(stats.verdict(c.p_two_sided, c.effect))
+    assert set(verdicts) <= {stats.HOLDS, stats.REVERSED, stats.NOT_SIGNIFICANT}
+    df, nc = 8, 1 / math.sqrt(2 / 5)
+    power = sps.nct.sf(sps.t.ppf(0.975, df), df, nc)  # 0.29
+    assert power - 0.05 <= verdicts.count(stats.HOLDS) / 2000 <= power + 0.03
+
+
+def test_a_report_sesoi_or_a_claims_own_makes_a_flat_claim_equivalent_and_says_how():
+    flat = _synthetic({("mixer", 64): [("completed", 2.0 + 0.001 * i) for i in range(6)],
+                       ("llama", 64): [("completed", 2.0005 + 0.001 * i) for i in range(6)]})
+    (cell,) = check_claims(_spec(), flat).cells
+    assert cell.verdict == stats.NOT_SIGNIFICANT and cell.sesoi is None and cell.p_equivalent is None
+    spec = _spec(sesoi=0.01)
+    (cell,) = check_claims(spec, flat).cells
+    assert cell.verdict == "equivalent within ±0.01 nats" and cell.p_equivalent < 0.05 and cell.sesoi == 0.01
+    (line,) = check_orderings(spec, flat)
+    assert re.search(r"equivalence \(±0\.01\) p (< 0\.001|= 0\.0[0-4]\d) adjusted → equivalent within ±0\.01 nats",
+                     line), line
+    own = SweepSpec.model_validate({**spec.model_dump(), "report": {
+        **spec.report.model_dump(), "orderings": [{**ORDERING, "sesoi": 0.0001}]}})
+    (cell,) = check_claims(own, flat).cells  # the claim's own, tighter than the effect: not equivalent
+    assert cell.sesoi == 0.0001 and cell.verdict == stats.NOT_SIGNIFICANT
+    from ablate.report.notes import method_line
+
+    assert "within ±SESOI (0.01 nats)" in method_line(check_claims(spec, flat))
+    assert "none can be shown equivalent" in method_line(check_claims(_spec(), flat))
+
+
+def test_a_sesoi_is_a_positive_number_and_leaves_a_sweeps_identity_as_it_was():
+    assert "sesoi" not in _spec().report.model_dump() and "sesoi" not in _spec().report.orderings[0].model_dump()
+    assert _spec(sesoi=0.01).fingerprint() != _spec().fingerprint()  # it changes what a race decides
+    for bad in (0, -0.01, float("nan"), "small"):
+        with pytest.raises(ValueError, match="sesoi"):
+            _spec(sesoi=bad)
+
+
+def test_a_parity_claim_holds_when_equal_within_its_bound_and_is_reversed_when_the_sides_differ():
+    parity = {"claim": "mixer matches llama", "better": {"architecture": "mixer"},
+              "matches": {"architecture": "llama"}, "within": 0.01, "at": ["d_model"]}
+    spec = SweepSpec.model_validate({**_spec().model_dump(), "report": {"orderings": [parity]}})
+    flat = _synthetic({("mixer", 64): [("completed", 2.0 + 0.001 * i) for i in range(6)],
+                       ("llama", 64): [("completed", 2.0005 + 0.001 * i) for i in range(6)]})
+    apart = _synthetic({("mixer", 64): [("completed", 2.0 + 0.001 * i) for i in range(6)],
+                        ("llama", 64): [("completed", 2.1 + 0.001 * i) for i in range(6)]})
+    noisy = _synthetic({("mixer", 64): [("completed", 2.0 + 0.05 * i) for i in range(3)],
+                        ("llama", 64): [("completed", 2.0 + 0.05 * i) for i in range(3)]})
+    verdicts = [check_claims(spec, views).cells[0].verdict for views in (flat, apart, noisy)]
+    assert verdicts == ["holds: equal within ±0.01 nats", "reversed: the sides differ",
+                        "undecided: neither equal within ±0.01 nats nor different"], verdicts
+    from ablate.report.verdicts import verdict_table
+
+    assert verdict_table(spec, check_claims(spec, flat)).rows[0][0] == "1: mixer ≈ llama"
+
+
+def test_a_claim_whose_side_matches_no_run_names_that_side_and_the_method_says_nothing_was_tested():
+    from ablate.report.notes import method_line
+    from ablate.report.verdicts import verdict_table
+
+    views = _synthetic({("mixer", 64): [("completed", 2.0), ("completed", 2.1)]})  # no llama ran, or will
+    spec = _spec()
+    claims = check_claims(spec, views)
+    (line,) = check_orderings(spec, views, claims)
+    assert "Here: no run matches its worse {architecture: llama}." in line
+    assert verdict_table(spec, claims).rows[0][2] == "no run matches its worse {architecture: llama}"
+    assert "no comparison tested yet" in method_line(claims) and "one comparison" not in method_line(claims)
+    both = _synthetic({("mixer", 64): [("pending", None)], ("llama", 32): [("pending", None)]})
+    (line,) = check_orderings(spec, both)  # both sides ran, never at one d_model: no side is missing
+    assert "no pair of runs to compare yet" in line

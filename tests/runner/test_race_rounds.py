@@ -193,3 +193,26 @@ def test_a_cancel_ends_the_race_and_a_cell_that_gives_no_number_stops_taking_see
     state = next_round(engine, "race")
     assert state.over is not None and "were cancelled, so the race adds no seeds" in state.over, state
     assert "--retry-failed" in state.over and not state.owed and seeds_of(sqlite_url) == before
+
+
+def test_with_a_sesoi_the_flat_claim_races_to_equivalent_and_the_report_says_so(tmp_path, sqlite_url):
+    """The lr claim has no true difference (seed spread 0.02 nats): with `report.sesoi: 0.1` it ends equivalent,
+    recorded as the race's decision and read by the report, where without one it races to max (the test above)."""
+    from ablate.results.study import study as _study
+
+    data = {**SPEC, "report": {**SPEC["report"], "sesoi": 0.1}}
+    path = tmp_path / "race.yaml"
+    path.write_text(yaml.safe_dump(data))
+    runner.register(path, sqlite_url)
+    state = None
+    while state is None or state.over is None:
+        train(sqlite_url)
+        state = next_round(store.connect(sqlite_url), "race")
+    assert state.over == "every claim is decided", state
+    engine = store.connect(sqlite_url)
+    final = {d.claim.split(":")[0]: d.decision for d in store.read_decisions(engine, runner.sweep_id(engine, "race"))
+             if d.decision != "continue"}
+    assert final == {"wider is better": "holds", "lr 1% apart [d_model=16]": "equivalent within ±0.1 nats"}, final
+    assert len(seeds_of(sqlite_url)[(16, 0.003)]) < 6  # decided before max
+    verdicts = [row[7] for row in _study(store.reader(sqlite_url), "race")["claims"]["rows"]]
+    assert verdicts[0] == "holds" and verdicts[1].startswith("equivalent within ±0.1 nats"), verdicts
