@@ -21,9 +21,15 @@ from pathlib import Path
 EFFECTS = (0.0, 0.5, 1.0, 2.0)
 
 
-def draw(rng, races: int, n_max: int, effect: float):
-    """(better, worse): races × n_max losses, worse = better's distribution shifted by `effect` seed-spreads."""
-    return rng.normal(0.0, 1.0, (races, n_max)), rng.normal(effect, 1.0, (races, n_max))
+def draw(rng, races: int, n_max: int, effect: float, sd_ratio: float = 1.0, tails: int | None = None):
+    """(better, worse): races × n_max losses, worse = better's distribution shifted by `effect` seed-spreads, its
+    spread `sd_ratio` times better's; `tails`: Student t with that many degrees of freedom (scaled to SD 1)
+    instead of normal."""
+    if tails is None:
+        return rng.normal(0.0, 1.0, (races, n_max)), rng.normal(effect, sd_ratio, (races, n_max))
+    scale = math.sqrt((tails - 2) / tails)
+    return (rng.standard_t(tails, (races, n_max)) * scale,
+            effect + sd_ratio * scale * rng.standard_t(tails, (races, n_max)))
 
 
 def looks_of(better, worse, planned: list[int], sesoi: float | None = None):
@@ -66,17 +72,18 @@ def fixed_n_for(power: float, effect: float, alpha: float, n_max: int) -> int | 
     return None
 
 
-def simulate(design, effect: float, races: int, seed: int, claims: int = 1) -> dict:
+def simulate(design, effect: float, races: int, seed: int, claims: int = 1, sd_ratio: float = 1.0,
+             tails: int | None = None, sesoi: float | None = None) -> dict:
     """`races` races of `claims` hypotheses each with the same true `effect`: the race's and the naive procedure's
-    outcomes."""
+    outcomes (`sesoi`: each claim also raced for equivalence within ±sesoi seed-spreads)."""
     import numpy as np
 
     from ablate.results.race import FUTILITY, decide, naive
 
     rng = np.random.default_rng(seed)
     planned = design.planned()
-    draws = [looks_of(*draw(rng, races, design.max, effect), planned) for _ in range(claims)]
-    out = {"holds": 0, "reversed": 0, "any_false": 0, "naive_false": 0, "futility": 0, "seeds": 0}
+    draws = [looks_of(*draw(rng, races, design.max, effect, sd_ratio, tails), planned, sesoi) for _ in range(claims)]
+    out = {"holds": 0, "reversed": 0, "any_false": 0, "naive_false": 0, "futility": 0, "seeds": 0, "equivalent": 0}
     for i in range(races):
         looks = [d[i] for d in draws]
         last = [h[-1] for h in decide(design, looks)]
@@ -88,11 +95,13 @@ def simulate(design, effect: float, races: int, seed: int, claims: int = 1) -> d
         out["naive_false"] += (any(v in ("holds", "reversed") for v in naive_verdicts) if effect == 0
                                else "reversed" in naive_verdicts)
         out["futility"] += verdicts.count(FUTILITY)
+        out["equivalent"] += verdicts.count("equivalent")
         out["seeds"] += sum(d.n_better for d in last)
     total = races * claims
     return {"effect": effect, "claims": claims, "races": races,
             "false_rate": out["any_false"] / races, "naive_false_rate": out["naive_false"] / races,
-            "power": out["holds"] / total, "futility": out["futility"] / total, "mean_seeds": out["seeds"] / total}
+            "power": out["holds"] / total, "futility": out["futility"] / total, "mean_seeds": out["seeds"] / total,
+            "equivalent": out["equivalent"] / total}
 
 
 def table(design, races: int, seed: int) -> tuple[list[str], list[dict]]:
@@ -119,6 +128,28 @@ def table(design, races: int, seed: int) -> tuple[list[str], list[dict]]:
     return lines, rows
 
 
+# (what, effect, sd_ratio, tails, sesoi): the null under unequal spreads and heavy tails, and equivalence races
+SPREADS = [("equal spreads", 0.0, 1.0, None, None), ("spreads 1:3", 0.0, 3.0, None, None),
+           ("spreads 1:10", 0.0, 10.0, None, None), ("t3 tails", 0.0, 1.0, 3, None),
+           ("t3 tails, spreads 1:3", 0.0, 3.0, 3, None),
+           ("equivalence, effect = +SESOI", 1.5, 1.0, None, 1.5), ("equivalence, effect = -SESOI", -1.5, 1.0, None, 1.5),
+           ("equivalence, no effect", 0.0, 1.0, None, 1.5)]
+
+
+def spreads_table(design, races: int, seed: int) -> list[str]:
+    """The default design (its spending and futility) under unequal seed spreads, heavy tails, and raced for
+    equivalence within a SESOI of 1.5 seed-spreads (of the better side)."""
+    se = math.sqrt(design.alpha * (1 - design.alpha) / races)
+    lines = [f"| setting | effect | false holds/reversed (alpha {design.alpha} ± {se:.4f}) | equivalent | "
+             "mean seeds a side |", "|" + "---|" * 5]
+    for k, (what, effect, ratio, tails, sesoi) in enumerate(SPREADS):
+        row = simulate(design, effect, races, seed + 100 + k, sd_ratio=ratio, tails=tails, sesoi=sesoi)
+        false = f"{row['false_rate']:.4f}" if effect == 0 else "—"
+        equivalent = f"{row['equivalent']:.4f}" if sesoi is not None else "—"
+        lines.append(f"| {what} | {effect:g} | {false} | {equivalent} | {row['mean_seeds']:.2f} |")
+    return lines
+
+
 def main() -> None:
     from ablate.results.race import RaceDesign
 
@@ -134,6 +165,9 @@ def main() -> None:
     design = RaceDesign(min=args.min, max=args.max, step=args.step, alpha=args.alpha)
     t0 = time.process_time()
     lines, _ = table(design, args.races, args.seed)
+    lines += ["", f"Unequal spreads, heavy tails and equivalence ({design.spending} spending, futility "
+              f"{'on' if design.futility else 'off'}; a SESOI never stops for futility):", "",
+              *spreads_table(design, args.races, args.seed)]
     head = (f"Races of seeds {design.min}..{design.max} (step {design.step}), alpha {design.alpha}, "
             f"{args.races} races per row, numpy seed {args.seed}; {time.process_time() - t0:.0f} CPU-s.")
     text = "\n".join([head, "", *lines, ""])

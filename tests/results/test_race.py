@@ -199,3 +199,17 @@ def test_a_parity_claims_race_decisions_are_said_in_its_words():
     last = decide(design, [wide])[0][-1]
     assert last.decision == MAX_REACHED
     assert last.verdict() == "undecided: neither equal within ±0.01 nats nor different (max seeds reached, n=4)"
+
+
+def test_the_benchs_draws_have_the_spreads_and_tails_they_are_named_by():
+    from bench.race import draw
+
+    rng = np.random.default_rng(31)
+    better, worse = draw(rng, 20_000, 10, 0.5, sd_ratio=3.0)
+    assert better.std() == pytest.approx(1.0, rel=0.01) and worse.std() == pytest.approx(3.0, rel=0.01)
+    assert worse.mean() - better.mean() == pytest.approx(0.5, abs=0.05)
+    better, worse = draw(rng, 20_000, 10, 0.0, sd_ratio=3.0, tails=3)  # t3 scaled to SD 1: heavy tails, same SD
+    kurtosis = float(np.mean(better ** 4) / np.mean(better ** 2) ** 2)
+    assert kurtosis > 5 and np.median(np.abs(worse)) / np.median(np.abs(better)) == pytest.approx(3.0, rel=0.05)
+    row = simulate(RaceDesign(min=2, max=6), 0.0, 300, seed=5, sesoi=2.0)
+    assert row["equivalent"] > 0.3 and row["futility"] == 0.0  # raced for equivalence, never stopped for futility
