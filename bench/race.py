@@ -61,15 +61,10 @@ def looks_of(better, worse, planned: list[int], sesoi: float | None = None):
 def fixed_n_for(power: float, effect: float, alpha: float, n_max: int) -> int | None:
     """The fewest seeds a side at which one two-sided t-test at `alpha` has `power` at `effect` seed-spreads
     (noncentral t); None past 4·n_max."""
-    from scipy import stats as st
+    from ablate.results.power import seeds_for
 
-    for n in range(2, 4 * n_max + 1):
-        df = 2 * n - 2
-        crit = st.t.isf(alpha / 2, df)
-        nc = effect * math.sqrt(n / 2)
-        if st.nct.sf(crit, df, nc) + st.nct.cdf(-crit, df, nc) >= power:
-            return n
-    return None
+    n = seeds_for(effect, alpha, power)
+    return n if n is not None and n <= 4 * n_max else None
 
 
 def simulate(design, effect: float, races: int, seed: int, claims: int = 1, sd_ratio: float = 1.0,

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 @click.option("--max-trials", type=int, default=10_000, help="refuse grids larger than this (default 10,000)")
 @click.option("--all", "all_", is_flag=True, help="list every trial (default: the first 200, the rest counted)")
 @override_options(merge=False)
-@db_option(expose=False)
-def plan(spec: str, max_trials: int, all_: bool, **params: Any) -> int:
+@db_option()
+def plan(spec: str, max_trials: int, all_: bool, db: str | None, **params: Any) -> int:
     from ablate.config import load_trials
 
     parsed, trials = load_trials(spec, max_trials=max_trials, overrides=overrides_of(params))
@@ -49,7 +49,44 @@ def plan(spec: str, max_trials: int, all_: bool, **params: Any) -> int:
     _print_totals(parsed.budget.kind, per_class)
     if parsed.adaptive is not None:
         _print_race(parsed, len(trials), per_class)
+    _print_power(parsed, trials, db)
     return 0
+
+
+def _print_power(spec: Any, trials: list[TrialConfig], db: str | None) -> None:
+    """For claims with a smallest effect of interest: the seeds a side that detect it with 80% power, from the
+    seed-to-seed SD of earlier runs of the sweep's architectures in the results DB (none: said)."""
+    sesois = sorted({s for order in spec.report.orderings if (s := spec.report.sesoi_of(order)) is not None})
+    if not sesois:
+        return
+    from ablate.results import stats
+    from ablate.results.power import POWER, seed_spread, seeds_for
+    from ablate.store import describe_url, reader, resolve_url
+
+    archs = {t.architecture for t in trials}
+    m = len(spec.report.orderings)
+    alpha = (spec.adaptive.alpha if spec.adaptive is not None else stats.ALPHA) / m  # Holm's first level: the safe side
+    try:
+        spread = seed_spread(reader(db), archs)
+    except AblateError as exc:
+        console.print(f"power planning: no earlier runs to read the seed spread from ({exc})", highlight=False,
+                      markup=False)
+        return
+    if spread.sd is None:
+        console.print(f"power planning: {describe_url(resolve_url(db))} has no configuration of "
+                      f"{', '.join(sorted(archs))} with 2 finished seeds yet, so the seed spread is unknown; run a "
+                      "few seeds first (or another sweep of these architectures)", highlight=False, markup=False)
+        return
+    for sesoi in sesois:
+        n = seeds_for(sesoi / spread.sd, alpha, POWER)
+        needed = f"{n} seeds a side" if n is not None else "more than 1000 seeds a side"
+        line = (f"power planning: to detect {sesoi:g} nats with {POWER:.0%} power at alpha {alpha:.3g} (Holm's first "
+                f"level for {m} claim(s); claims of several cells need more), a fixed design needs {needed}: the seed SD is {spread.sd:.3g} nats, "
+                f"pooled over {spread.configurations} earlier configuration(s) of {', '.join(spread.architectures)}")
+        if spec.adaptive is not None and (n is None or n > spec.adaptive.seeds.max):
+            line += (f"; adaptive.seeds.max is {spec.adaptive.seeds.max}: raise it to at least "
+                     f"{n if n is not None else 1000}, or the race will mostly end at max undecided")
+        console.print(line, highlight=False, markup=False)
 
 
 def _print_race(spec: Any, first: int, per_class: dict[str, float]) -> None:
