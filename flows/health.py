@@ -169,4 +169,15 @@ def drained_hosts(pool: str, api: str | None = None, timeout: float = 3.0) -> di
             if q.get("is_paused") and (q.get("description") or "").startswith(DRAINED)}
 
 
-__all__ = ["DRAIN_AFTER", "check_host", "drained_hosts", "faults_in_a_row", "mark_drained", "say_trial"]
+def drained_of_sweep(engine: Any, name: str) -> list[str]:
+    """'host gpu-a is drained (pool lab): why', a line per drained host of the sweep's pool (its budget's hardware):
+    what `ablate sweep status` and the dashboard say. None without a Prefect API or when it does not answer."""
+    from ablate import store
+
+    spec = store.sweep_named(engine, name, store.Sweep.spec).spec or {}
+    pool = (spec.get("budget") or {}).get("hardware", "cpu")
+    return [f"host {host} is drained (pool {pool}): {why}" for host, why in drained_hosts(pool).items()]
+
+
+__all__ = ["DRAIN_AFTER", "check_host", "drained_hosts", "drained_of_sweep", "faults_in_a_row", "mark_drained",
+           "say_trial"]

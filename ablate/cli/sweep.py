@@ -76,14 +76,10 @@ def _drained(engine: Any, name: str) -> list[str]:
     if not os.environ.get("PREFECT_API_URL"):
         return []
     try:
-        from flows.health import drained_hosts
+        from flows.health import drained_of_sweep
     except ImportError:  # ablate without its flows (a reader's install)
         return []
-    from ablate import store
-
-    spec = store.sweep_named(engine, name, store.Sweep.spec).spec or {}
-    hardware = (spec.get("budget") or {}).get("hardware", "cpu")
-    return [f"host {host} is drained (pool {hardware}): {why}" for host, why in drained_hosts(hardware).items()]
+    return drained_of_sweep(engine, name)
 
 
 @click.command(**about("cancel waiting runs and stop running ones (checkpointed)"))

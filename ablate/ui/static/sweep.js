@@ -81,6 +81,7 @@ async function sweepPage() {
     $("prev").disabled = data.offset === 0;
     $("next").disabled = last >= data.matched;
     $("counts").textContent = Object.entries(data.counts).map(([k, n]) => n.toLocaleString() + " " + k).join(", ");
+    $("hosts").textContent = (data.hosts || []).join("; ");  // drained hosts of the sweep's pool (flows/health.py)
     drawColumnChooser(data);
   }
 
