@@ -31,7 +31,6 @@ MAX_CURVE_RUNS = 1000  # runs whose points one chart reads (10,000 runs x 20 eva
 SAMPLE_MODELS, MAX_SAMPLE_TOKENS, MAX_PROMPT = 2, 256, 1000  # models kept loaded; a sample's bounds
 STUDY_EVERY = 30.0  # seconds: a study computed here (~0.5 CPU-s at 10,000 runs) is read at most this often
 LIVE_SWEEPS = 2  # sweeps whose views the dashboard holds between reads (10,000 runs hold about 72 MiB)
-HOSTS_EVERY = 15.0  # seconds: the drained hosts (a Prefect API call of up to 3 s) are asked at most this often
 COOKIE = "ablate_ui_token"
 HEADERS = {"Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
                                       "img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
@@ -72,25 +71,7 @@ class Dashboard:
         self.samples = Samples(engine, artifacts)
         self.live: dict[int, Any] = {}  # sweep id -> its LiveViews, for the studies computed here (LIVE_SWEEPS)
         self.live_lock = threading.Lock()
-        self.drained: dict[str, tuple[float, list[str]]] = {}  # sweep -> (when asked, its drained hosts' lines)
-
-    def hosts(self, sweep: str) -> list[str]:
-        """The sweep's pool's drained hosts, as `ablate sweep status` says them (flows/health.py), asked of the
-        Prefect API at PREFECT_API_URL at most every HOSTS_EVERY seconds; none without one."""
-        import os
-        import time
-
-        if not os.environ.get("PREFECT_API_URL"):
-            return []
-        asked, lines = self.drained.get(sweep, (-HOSTS_EVERY, []))
-        if time.monotonic() - asked >= HOSTS_EVERY:
-            try:
-                from flows.health import drained_of_sweep
-            except ImportError:  # ablate without its flows (a reader's install)
-                return []
-            lines = drained_of_sweep(self.engine, sweep)
-            self.drained[sweep] = (time.monotonic(), lines)
-        return lines
+        self.hosts = reads.Drained(engine)  # the sweep's pool's drained hosts
 
     def rows_of(self, sweep: str) -> tuple[str, list[dict[str, Any]], list[str], int]:
         """The change token, the sweep's rows, the table's columns (read again only when the token moved) and the

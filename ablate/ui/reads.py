@@ -1,5 +1,5 @@
 """What the dashboard's run page reads: one run's row, error and log tail (the study page reads
-ablate/results/study.py)."""
+ablate/results/study.py); and the drained hosts of a sweep's pool, which its sweep page says."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ablate import store
 from ablate.config.errors import AblateError
 
 LOG_TAIL = 200  # lines of a run's log on its page
+HOSTS_EVERY = 15.0  # seconds: the drained hosts (a Prefect API call of up to 3 s) are asked at most this often
 
 
 def run(engine: sa.Engine, run_id: int, artifacts: Path | None) -> dict[str, Any]:
@@ -44,3 +45,28 @@ def log_tail(engine: sa.Engine, run_id: int, artifacts: Path | None) -> tuple[st
         f.seek(max(0, path.stat().st_size - 256 * 1024))
         lines = f.read().decode("utf-8", "replace").splitlines()
     return "\n".join(lines[-LOG_TAIL:]), str(path)
+
+
+class Drained:
+    """A sweep's pool's drained hosts, as `ablate sweep status` says them (flows/health.py), asked of the Prefect API
+    at PREFECT_API_URL at most every HOSTS_EVERY seconds a sweep; none without one."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self.asked: dict[str, tuple[float, list[str]]] = {}  # sweep -> (when asked, its lines)
+
+    def __call__(self, sweep: str) -> list[str]:
+        import os
+        import time
+
+        if not os.environ.get("PREFECT_API_URL"):
+            return []
+        asked, lines = self.asked.get(sweep, (-HOSTS_EVERY, []))
+        if time.monotonic() - asked >= HOSTS_EVERY:
+            try:
+                from flows.health import drained_of_sweep
+            except ImportError:  # ablate without its flows (a reader's install)
+                return []
+            lines = drained_of_sweep(self.engine, sweep)
+            self.asked[sweep] = (time.monotonic(), lines)
+        return lines

@@ -1,5 +1,5 @@
 """The dashboard says which hosts of a sweep's pool are drained, as `ablate sweep status` does: from the pool's paused
-host queues on a real Prefect API server (flows/health.py), asked at most every HOSTS_EVERY seconds, and nothing
+host queues on a real Prefect API server (flows/health.py), asked at most every HOSTS_EVERY seconds (ablate/ui/reads.py), and nothing
 without an API."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ def test_the_sweep_page_says_a_drained_host_of_its_pool_and_its_reason(prefect_a
     from fastapi.testclient import TestClient
 
     from ablate.ui import app as ui
+    from ablate.ui import reads
     from flows.deploy import ensure_host_queue
     from flows.health import mark_drained
 
@@ -36,7 +37,7 @@ def test_the_sweep_page_says_a_drained_host_of_its_pool_and_its_reason(prefect_a
                              "reasons"], page["hosts"]
     mark_drained(pool, runner.host_queue("gpu-a"), None)  # taken back: said at the next ask, not at every poll
     assert client.get("/api/runs", params={"sweep": "drained"}).json()["hosts"] == page["hosts"]
-    monkeypatch.setattr(ui, "HOSTS_EVERY", 0.0)
+    monkeypatch.setattr(reads, "HOSTS_EVERY", 0.0)
     assert client.get("/api/runs", params={"sweep": "drained"}).json()["hosts"] == []
     sweep_js = (ui.HERE / "static" / "sweep.js").read_text()
     assert '$("hosts").textContent = (data.hosts || []).join("; ")' in sweep_js  # the page draws the field
