@@ -53,16 +53,18 @@ def trial(run_id: int, launch: LaunchOptions | None = None, retry_failed: bool =
     ABLATE_DB_URL) must be that one, or the trial fails before touching any database.
     An error says this host first (flows/hosts.py), so that the sweep sends the run elsewhere."""
     opts = launch or LaunchOptions(warm=False)
+    claimed: list[bool] = []
     try:
         if database is not None:
             opts = opts.but(db_url=runner.cluster_db_url(opts.db_url, database))
-        status = runner.run_trial(run_id, opts)
+        status = runner.run_trial(run_id, opts, on_claimed=lambda: claimed.append(True))
     except Exception as exc:  # a host-level fault (no DB, a missing driver, a full or read-only disk), before the
         # run is claimed or after (the claim is then given back): the sweep sends the run elsewhere
         message = tagged(f"run {run_id}: {one_line(exc, 'the worker log')}")
         say_trial(False, message)  # `ablate worker` drains a host that fails trials in a row (flows/health.py)
         raise TrialFailed(message) from exc
-    say_trial(True)
+    if claimed:  # a run left alone (held or finished elsewhere) says nothing of this host's health
+        say_trial(True)
     get_run_logger().info("run %s: %s", run_id, status)
     if status == "failed":
         raise TrialFailed(tagged(f"run {run_id} failed: {_reason(store.connect(opts.db_url), run_id)}"))

@@ -111,13 +111,19 @@ def _start_worker(pool: str, host: str, group: list[str] | None, limit: int, ext
            "--name", f"{host}-{pool}-{label.replace(',', '+')}-{os.getpid()}"]
     console.print(f"worker on pool {pool}: {'GPUs ' + label if group else 'no GPU'}, at most {limit} trial(s) "
                   f"at once: {' '.join(cmd)}")
-    return subprocess.Popen(cmd, env=env)
+    return subprocess.Popen(cmd, env=env, start_new_session=True)  # its own group: a drain can end all of it
+
+
+DRAIN_GRACE = 20.0  # seconds a drained host's Prefect workers get to stop before their process groups are killed
 
 
 def _wait_for_any(procs: list[Any], drained: Any) -> tuple[Any, bool]:
     """Until a worker ends, or Ctrl-C / SIGTERM, or `drained()`: then every worker is stopped (so a restart policy
-    restarts them all). (The one that ended first or None, whether the host was drained.)"""
+    restarts them all). (The one that ended first or None, whether the host was drained.) A drained host's workers
+    that have not stopped DRAIN_GRACE seconds after SIGTERM are killed with their process group: a Prefect worker
+    told to stop while it submits a flow run went on polling (and failing trials) until killed."""
     import signal
+    import subprocess
     import time
 
     told = {"stop": False}
@@ -137,9 +143,44 @@ def _wait_for_any(procs: list[Any], drained: Any) -> tuple[Any, bool]:
         told["stop"] = True
     ended = next((p for p in procs if p.poll() is not None), None)
     stop()
+    deadline = time.monotonic() + DRAIN_GRACE
     for p in procs:
-        p.wait()
+        if not faults:
+            p.wait()
+            continue
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _kill_group(p)
     return ended, faults
+
+
+def _kill_group(proc: Any) -> None:
+    """SIGKILL a worker and everything under it (its process worker and flow runs, in whatever group they put
+    themselves: read from /proc), then its process group."""
+    import signal
+    from pathlib import Path
+
+    below: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        try:
+            below.setdefault(int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    todo, found = [proc.pid], []
+    while todo:
+        found.append(pid := todo.pop())
+        todo += below.get(pid, [])
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 def _wait_for_stop() -> None:

@@ -37,13 +37,15 @@ CLAIMABLE = ("pending", "failed", "preempted")  # what a runner takes by default
 
 
 def run_trial(run_id: int, opts: LaunchOptions, should_stop: Callable[[], bool] | None = None,
-              poll_seconds: float = 1.0, statuses: tuple[str, ...] = CLAIMABLE) -> str:
+              poll_seconds: float = 1.0, statuses: tuple[str, ...] = CLAIMABLE,
+              on_claimed: Callable[[], None] | None = None) -> str:
     """Claim one run and train it to the end (resuming from its checkpoint if it has one); its final status.
 
     The claim is atomic: when another process (a second runner, a search worker, another host) holds the
     run or has finished it, nothing starts and the row's current status is returned. `should_stop` is
     polled while the trainer runs (e.g. an Optuna pruner reading the eval metrics); when it, or `STOP`,
-    says so, the trainer gets SIGTERM, checkpoints, and the run ends `preempted`.
+    says so, the trainer gets SIGTERM, checkpoints, and the run ends `preempted`. `on_claimed` is called once this
+    call holds the claim (a run left alone never calls it).
     """
     engine = store.connect(opts.db_url)
     if STOP.is_set():
@@ -51,6 +53,8 @@ def run_trial(run_id: int, opts: LaunchOptions, should_stop: Callable[[], bool] 
     claimant = store.new_claimant()
     if not store.claim_run(engine, run_id, claimant, statuses):
         return store.get_run(engine, run_id).status
+    if on_claimed is not None:
+        on_claimed()
     try:
         trial = TrialConfig.model_validate(store.get_run(engine, run_id).config)
     except (AblateError, ValueError) as exc:  # e.g. a plugin this worker lacks: failed, before any training

@@ -127,7 +127,7 @@ def test_a_host_that_breaks_after_its_claims_gives_them_back_is_drained_and_ever
     # watched until its claim goes stale, never taken as trained
     assert all(r.status in ("pending", "running") and r.last_step is None for r in rows), [
         (r.id, r.status, r.error) for r in rows]
-    given_back = [r for r in rows if r.error]
+    given_back = [r for r in rows if r.error and r.status == "pending"]  # a `running` one: a claim the drain killed
     assert given_back and all(r.attempts == 0 and r.pid is None and r.heartbeat_at is None for r in given_back)
     assert "host gpu-a could not start its trainer: OSError: [Errno 30] Read-only file system" in given_back[0].error
 
@@ -139,8 +139,9 @@ def test_a_host_that_breaks_after_its_claims_gives_them_back_is_drained_and_ever
     assert state.is_completed(), state.message
     rows = _runs(engine, "owed")
     assert len(rows) == RUNS
-    # each trained once (one attempt: gpu-a's claims were given back), by gpu-b, the only host not drained
-    assert [(r.status, r.attempts) for r in rows] == [("completed", 1)] * RUNS, [
+    # each trained once, by gpu-b, the only host not drained: one attempt, as gpu-a's claims were given back, or two
+    # where the drain killed gpu-a's trial between its claim and its give-back (the claim went stale, gpu-b took it)
+    assert [r.status for r in rows] == ["completed"] * RUNS and all(r.attempts in (1, 2) for r in rows), [
         (r.id, r.status, r.attempts, r.host, r.error) for r in rows]
     # gpu-a's trial flow runs: each Failed with the host's line, but the one whose fault drained the host may have
     # been stopped with the host's workers before its state was written (Crashed, or left Running): never Completed

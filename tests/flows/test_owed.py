@@ -149,6 +149,16 @@ def test_a_trial_whose_log_cannot_be_made_after_the_claim_gives_the_run_back(sql
         runner.run_trial(rid, runner.LaunchOptions(db_url=sqlite_url, artifacts=blocked))
     assert store.get_run(engine, rid).status == "preempted"  # it has a checkpoint to resume
     assert store.claim_run(engine, rid, "another-host:1:x")  # any host takes it at once, no stale wait
+    # held elsewhere: left alone, and the trial never says it claimed it (so it says nothing of this host's health)
+    claimed: list[bool] = []
+    status = runner.run_trial(rid, runner.LaunchOptions(db_url=sqlite_url, artifacts=blocked),
+                              on_claimed=lambda: claimed.append(True))
+    assert status == "running" and claimed == []
+    store.update_run(engine, rid, status="pending", claimed_by=None, heartbeat_at=None)
+    with pytest.raises(OSError):  # taken, then failed: it did claim
+        runner.run_trial(rid, runner.LaunchOptions(db_url=sqlite_url, artifacts=blocked),
+                         on_claimed=lambda: claimed.append(True))
+    assert claimed == [True]
 
 
 def test_a_run_still_claimed_is_owed_only_once_its_claimant_is_gone(sqlite_url):
