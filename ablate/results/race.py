@@ -164,7 +164,7 @@ def decide(design: RaceDesign, looks: Sequence[Sequence[Look]]) -> list[list[Dec
     fractions: list[list[float]] = [[] for _ in looks]  # of each hypothesis's tested looks
     rejected = 0
     bounded = sum(1 for h in looks if any(look.sesoi is not None for look in h))  # the equivalence family's m
-    shown = [0]  # equivalences shown so far (Holm within that family)
+    shown = 0  # equivalences shown so far (Holm within that family)
     for r in range(max((len(h) for h in looks), default=0)):
         last = r == len(planned) - 1
         todo = [h for h in range(m) if r < len(looks[h]) and not (out[h] and out[h][-1].final)]
@@ -181,7 +181,7 @@ def decide(design: RaceDesign, looks: Sequence[Sequence[Look]]) -> list[list[Dec
                 out[h].append(_untested(r, look, design, m, rejected, last))
             else:
                 pending[h] = (z_of(look.p_two_sided, look.effect), t, [*fractions[h], t])
-        _equivalences(design, looks, r, pending, out, fractions, bounded, shown)
+        shown += _equivalences(design, looks, r, pending, out, fractions, bounded, shown)
         while pending:  # Holm: each rejection raises the others' level, within this round too
             level = design.alpha / max(m - rejected, 1)
             newly = [h for h, (z, _, ts) in pending.items() if abs(z) >= boundaries(ts, level, design.spending)[-1]]
@@ -218,13 +218,15 @@ def decide(design: RaceDesign, looks: Sequence[Sequence[Look]]) -> list[list[Dec
 
 def _equivalences(design: RaceDesign, looks: Sequence[Sequence[Look]], r: int,
                   pending: dict[int, tuple[float, float, list[float]]], out: list[list[Decision]],
-                  fractions: list[list[float]], bounded: int, shown: list[int]) -> None:
+                  fractions: list[list[float]], bounded: int, shown: int) -> int:
     """The pending hypotheses with a SESOI whose TOST crosses its one-sided boundary at this look end equivalent,
-    Holm within the equivalence family (each one shown raises the others' level, within the round too)."""
+    Holm within the equivalence family (each one shown raises the others' level, within the round too). How many
+    this look showed."""
     from statistics import NormalDist
 
+    before = shown
     while True:
-        level = design.alpha / max(bounded - shown[0], 1)
+        level = design.alpha / max(bounded - shown, 1)
         newly = []
         for h, (_, _, ts) in pending.items():
             look = looks[h][r]
@@ -235,14 +237,14 @@ def _equivalences(design: RaceDesign, looks: Sequence[Sequence[Look]], r: int,
             if z >= bound:
                 newly.append((h, z, bound))
         if not newly:
-            return
+            return shown - before
         for h, z, bound in newly:
             _, _, ts = pending.pop(h)
             look = looks[h][r]
             out[h].append(Decision(r, look.n_better, look.n_worse, z, bound, level, stats.EQUIVALENT,
                                    sesoi=look.sesoi, parity=look.parity))
             fractions[h] = ts
-        shown[0] += len(newly)
+        shown += len(newly)
 
 
 def _fewest(look: Look) -> int:
