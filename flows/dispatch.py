@@ -6,14 +6,16 @@ What a cluster does to trials, and what happens here (every ABLATE_DISPATCH_POLL
 - a machine that dies mid-trial: its trial flow run stays Running in Prefect, holding a pool slot, while the
   run's heartbeat (`runs.heartbeat_at`, beaten by the trainer) goes stale. The flow run is set Crashed, which
   frees the slot, and the run is dispatched again: any worker resumes it from its last checkpoint (shared
-  artifacts);
+  artifacts); a worker stopped while it was starting a trial (a drain, a kill) leaves its flow run Pending for
+  ever: Crashed and dispatched again the same way once it has not claimed its run within the stale limit;
 - a trial flow run that ended while its run is still owed (a worker stopped: `preempted`; a host that failed it
   before claiming it: no results DB, a missing driver): dispatched again, up to MAX_DISPATCHES times, to a live
   host that has not failed it (flows/hosts.py); a run still owed after that fails the sweep (flows/sweep.py). A host
   that fails after claiming the run gives the claim back (runner.run_trial); a row still claimed when its trial flow
   run has ended is never taken as trained: it is watched until it has an outcome or its claim goes stale;
 - a run sent to a host's own queue while that host then stops beating: sent to the pool's default queue once the
-  host has shown no heartbeat since for longer than its bound (flows/hosts.py `host_gone`);
+  host has shown no heartbeat for longer than its bound, since the run was sent or since its last beat if later
+  (flows/hosts.py `host_gone`);
 - a run cancelled in the DB (`ablate sweep cancel`, any host): its trial flow run is cancelled too;
 - this sweep flow run cancelled in Prefect: its trial flow runs are cancelled and their runs marked
   `cancelled` (their trainers checkpoint and stop within a heartbeat), by this process as it is stopped and
@@ -182,11 +184,14 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], done: Disp
                     done.failures.setdefault(rid, []).append(first_error(state))
                 results[rid] = row.status
                 del live[rid]
-        elif state.is_running() and _dead(row, state):
+        elif (state.is_running() or state.is_pending()) and _dead(row, state):
+            # Pending too: a worker stopped (a drain, a kill) while it was starting the flow run leaves it Pending
+            # for ever, and no worker takes a Pending flow run
             beat = f"{(store.utcnow() - row.heartbeat_at).total_seconds():.0f} s ago" if row.heartbeat_at else "never"
-            log.warning("run %s: its trainer on %s last beat %s (the machine or its worker died): its trial flow run "
-                        "is marked Crashed, freeing the pool slot, and the run is dispatched again; it resumes from "
-                        "its last checkpoint on any worker", rid, row.host or "an unknown host", beat)
+            log.warning("run %s: its trainer on %s last beat %s, its trial flow run %s since %s (the machine or its "
+                        "worker died): that flow run is marked Crashed, freeing the pool slot, and the run is "
+                        "dispatched again; it resumes from its last checkpoint on any worker", rid,
+                        row.host or "an unknown host", beat, state.name, _clock(state.timestamp))
             client.set_flow_run_state(fid, Crashed(message=f"run {rid}: trainer heartbeat stale ({beat}); "
                                                            "re-dispatched by the sweep flow"), force=True)
             submit(rid)
@@ -195,10 +200,12 @@ def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], done: Disp
             # sent to a host that has stopped since (Prefect may list it online for three missed beats): not left
             # waiting for it while other hosts idle
             host = done.steered[rid][0]
-            log.warning("run %s waited %.0f s on the queue of host %s, which has not beaten since it was sent there "
-                        "(its worker stopped or its machine froze): sent to any worker instead", rid, waited, host)
-            client.set_flow_run_state(fid, Cancelled(message=f"host {host} showed no heartbeat for {waited:.0f} s: "
-                                                             f"run {rid} sent to any worker"), force=True)
+            log.warning("run %s waited %.0f s on the queue of host %s, which went quiet (no heartbeat within its "
+                        "bound since the run was sent or since its last beat: its worker stopped or its machine "
+                        "froze): sent to any worker instead", rid, waited, host)
+            client.set_flow_run_state(fid, Cancelled(message=f"host {host} went quiet (no heartbeat within its bound): "
+                                                             f"run {rid}, {waited:.0f} s on its queue, sent to any "
+                                                             "worker"), force=True)
             submit(rid)
         elif state.is_scheduled() or state.is_pending():
             waiting += 1
@@ -268,9 +275,13 @@ def ride_out(call: Any, log: Any, what: str) -> Any:
         return result
 
 
+def _clock(at: dt.datetime | None) -> str:
+    return "?" if at is None else at.astimezone(dt.timezone.utc).strftime("%H:%M:%S UTC")
+
+
 def _dead(row: store.Run, state: Any) -> bool:
-    """Whether a Running trial flow run's trainer is gone: its run is `running` with a stale heartbeat (or its
-    processes are gone from this host), or it never claimed its run within the stale limit. A row whose last beat
+    """Whether a Running (or Pending) trial flow run's trainer is gone: its run is `running` with a stale heartbeat
+    (or its processes are gone from this host), or it never claimed its run within the stale limit. A row whose last beat
     is older than this flow run is still the trainer's before it (a run dispatched again after a machine died): the
     new one has not claimed it yet, so it is not judged by that trainer's death (which would dispatch it again)."""
     since = None if state.timestamp is None else state.timestamp.astimezone(dt.timezone.utc).replace(tzinfo=None)

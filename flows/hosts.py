@@ -48,17 +48,17 @@ def live_hosts(client: Any, pool: str) -> list[str]:
 
 def host_gone(client: Any, pool: str, host: str, since: Any) -> float | None:
     """For a run sent to `host`'s queue at `since` (UTC) and not taken yet: how long it has waited, once that host
-    has shown no heartbeat since then for longer than one beat's bound (its worker stopped or its machine froze,
-    whatever Prefect still lists); None while the host may still take it."""
+    has shown no heartbeat for longer than one beat's bound, counted from the later of `since` and its last beat
+    (its worker stopped or its machine froze, whatever Prefect still lists: a host that beat once more after the run
+    was sent, then stopped, is as gone); None while the host may still take it."""
     import datetime as dt
 
     name = _worker_name(pool)
     workers = [w for w in client.read_workers_for_work_pool(pool) if (m := name.match(w.name)) and m.group(1) == host]
-    if any(w.last_heartbeat_time is not None and w.last_heartbeat_time >= since for w in workers):
-        return None
-    waited = (dt.datetime.now(dt.timezone.utc) - since).total_seconds()
+    now = dt.datetime.now(dt.timezone.utc)
+    quiet_since = max([since, *(w.last_heartbeat_time for w in workers if w.last_heartbeat_time is not None)])
     bound = max((_beat_bound(w) for w in workers), default=_beat_bound(None))
-    return waited if waited > bound else None
+    return (now - since).total_seconds() if (now - quiet_since).total_seconds() > bound else None
 
 
 def _worker_name(pool: str) -> re.Pattern[str]:

@@ -8,8 +8,11 @@ then, never with a run untrained.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -23,7 +26,7 @@ from tests.waiting import Deadline, patience, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
-RUNS = 2  # gpu-a fails the first run DRAIN_AFTER times (a run sent again goes first): two runs are enough
+RUNS = 2  # gpu-a fails them DRAIN_AFTER times in all (a run sent again goes first): two runs are enough
 
 
 def _unshare_works() -> bool:
@@ -72,6 +75,30 @@ def _in_own_mounts(art, *cmd: str, read_only: bool = False) -> tuple[str, ...]:
             f'mount --bind "{art}" "{art}" && {ro}exec "$@"', "sh", *cmd)
 
 
+@contextlib.contextmanager
+def _beating_until(cluster, host: str, stop) -> Iterator[None]:
+    """A worker record of `host` in pool lab, beaten every second (a 2 s interval) until `stop()` is true: what
+    Prefect has of a host whose worker then stops (it lists it online for three intervals more)."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    done = threading.Event()
+
+    def beat() -> None:
+        with temporary_settings({PREFECT_API_URL: cluster.api}), get_client(sync_client=True) as client:
+            while not done.is_set() and not stop():
+                client.send_worker_heartbeat("lab", f"{host}-lab-cpu-41", heartbeat_interval_seconds=2)
+                time.sleep(1)
+
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beater.join(timeout=30)
+
+
 def _runs(engine, sweep: str):
     with engine.connect() as conn:
         return conn.execute(sa.select(store.Run).join(store.Sweep).where(store.Sweep.name == sweep)
@@ -98,12 +125,13 @@ def test_a_worker_missing_a_piece_of_its_host_refuses_to_start_naming_it(hosts):
     assert out.returncode != 0 and f"the artifacts folder {hosts.art} is not writable (Read-only file system)" in said, said
 
 
-@pytest.mark.xfail(strict=False, reason="open in issue 71: on the clean-clone run, after the drain killed gpu-a's workers, the sweep flow run stayed Running 447 s after gpu-b started (passes alone here in 82 s)")
 def test_a_host_that_breaks_after_its_claims_gives_them_back_is_drained_and_every_run_trains_once(hosts):
     """The read-only artifacts fault after the claim (the trial cannot open the run's log): the run goes back at
     once, never counted as trained elsewhere; DRAIN_AFTER such failures drain gpu-a, and the sweep waits, Running,
-    until gpu-b starts and trains every run. Adds about a minute and a half: three real failed trial flow runs on
-    gpu-a, then two real trainings."""
+    until gpu-b starts and trains every run. On the way, the run gpu-a failed first is sent to host gpu-c, which
+    Prefect lists online but which stopped right then (its worker record, beaten by this test until that moment, is
+    what a stopped worker leaves): it is moved to any worker within seconds, not left waiting on gpu-c's queue.
+    Adds about a minute and a half: three real failed trial flow runs on gpu-a, then two real trainings."""
     if not _unshare_works():
         pytest.skip("no mount namespaces here (unshare -m)")
     engine = store.connect(hosts.url)
@@ -114,8 +142,13 @@ def test_a_host_that_breaks_after_its_claims_gives_them_back_is_drained_and_ever
     gone_ro = subprocess.run(["nsenter", "-t", str(broken.pid), "-m", "mount", "-o", "remount,ro,bind",
                               str(hosts.art)], capture_output=True, text=True, timeout=30)
     assert gone_ro.returncode == 0, gone_ro.stderr  # its NFS mount went read-only: the host still takes work
-    flow_run_id = hosts.deployment_run("sweep/owed")
-
+    sweep_log = hosts.tmp / "proc-1.log"  # the sweeps worker's: the sweep flow's own lines
+    with _beating_until(hosts, "gpu-c", lambda: "dispatched again to host gpu-c" in sweep_log.read_text()):
+        flow_run_id = hosts.deployment_run("sweep/owed")
+        wait_until(lambda: "dispatched again to host gpu-c" in sweep_log.read_text(), 300,
+                   "no run was sent to gpu-c, a live host that had not failed it")
+    wait_until(lambda: "on the queue of host gpu-c, which went quiet" in sweep_log.read_text(), 120,
+               "the run sent to gpu-c, which stopped, was never moved")
     wait_until(lambda: "drained" in broken_log.read_text(), 300, "gpu-a was never drained")
     said = " ".join(broken_log.read_text().split())
     assert f"host gpu-a drained: it takes no more trials of pool lab: {DRAIN_AFTER} trials in a row failed" in said
@@ -146,7 +179,11 @@ def test_a_host_that_breaks_after_its_claims_gives_them_back_is_drained_and_ever
         (r.id, r.status, r.attempts, r.host, r.error) for r in rows]
     # gpu-a's trial flow runs: each Failed with the host's line, but the one whose fault drained the host may have
     # been stopped with the host's workers before its state was written (Crashed, or left Running): never Completed
-    on_a = [fr for r in rows for fr in hosts.trial_flow_runs(engine, r.id) if not fr.state.is_completed()]
+    flow_runs = [fr for r in rows for fr in hosts.trial_flow_runs(engine, r.id)]
+    moved = [fr for fr in flow_runs if fr.state.is_cancelled()]  # sent to gpu-c, moved: gpu-c's line
+    assert moved and all("host gpu-c went quiet" in fr.state.message for fr in moved), [
+        (fr.state.name, fr.state.message) for fr in moved]
+    on_a = [fr for fr in flow_runs if not (fr.state.is_completed() or fr.state.is_cancelled())]
     failed = [fr for fr in on_a if fr.state.is_failed()]
     assert len(on_a) >= DRAIN_AFTER and len(failed) >= DRAIN_AFTER - 1, [(fr.state.name, fr.state.message) for fr in on_a]
     assert all("[host gpu-a]" in fr.state.message for fr in failed), [fr.state.message for fr in failed]

@@ -32,6 +32,9 @@ def test_a_host_that_stopped_beating_is_not_live_and_a_run_sent_to_it_goes_elsew
         assert live_hosts(client, pool) == ["gpu-a"]
         waited = host_gone(client, pool, "gpu-b", later)
         assert waited is not None and waited > 5.0, waited  # gone: the run goes to any worker
+        # as gone for a run sent before its last beat: a host that beat once more after the run was sent, then
+        # stopped, never takes it (the run waited on its queue for ever: the cluster's drain scenario)
+        assert host_gone(client, pool, "gpu-b", since) is not None
         assert host_gone(client, pool, "gpu-a", later) is None
         # a host with no worker record at all: gone once Prefect's default interval's bound (47 s) has passed
         assert host_gone(client, pool, "gpu-c", later) is None

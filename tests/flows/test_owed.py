@@ -1,5 +1,5 @@
 """A sweep never ends Completed with a run untrained, and a cluster host never makes a database of its own: the
-pieces, without a server (tests/flows/test_cluster_hosts.py runs them on a cluster)."""
+pieces, without a cluster (tests/flows/test_cluster_hosts.py runs them on one)."""
 
 from __future__ import annotations
 
@@ -174,3 +174,37 @@ def test_a_run_still_claimed_is_owed_only_once_its_claimant_is_gone(sqlite_url):
     assert runner.owed(store.get_run(engine, rid))
     with pytest.raises(TrialsFailed, match=rf"1 run\(s\) still owed, never finished: run {rid} \(running"):
         _final(_done({rid: "running"}, dispatches={rid: 1}), engine, "o")
+
+
+def test_a_trial_flow_run_left_pending_by_a_stopped_worker_is_crashed_and_dispatched_again(sqlite_url, prefect_api,
+                                                                                            monkeypatch):
+    """A drain (or a kill) that stops a Prefect worker while it is starting a flow run leaves that flow run Pending
+    for ever, and no worker takes a Pending one: the sweep flow waited on it without end. Against a real Prefect API:
+    Pending for less than the stale limit it is waiting for its process; past the limit, with its run unclaimed, it
+    is Crashed and the run sent again."""
+    import logging
+    import time
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.states import Pending
+
+    from flows.dispatch import _watch_once
+
+    @flow(name="trial-stand-in")
+    def stand_in() -> None:  # never run: a flow run needs a flow to belong to
+        pass
+
+    engine, rid = _one_run(sqlite_url)
+    sent: list[int] = []
+    with get_client(sync_client=True) as client:
+        fid = client.create_flow_run(stand_in, state=Pending()).id
+        live, done = {rid: fid}, Dispatched()
+        assert _watch_once(client, engine, live, done, sent.append, "cpu", logging.getLogger("t")) == 1
+        assert sent == [] and client.read_flow_run(fid).state.is_pending()  # its process may be starting
+        monkeypatch.setenv("ABLATE_STALE_SECONDS", "1")
+        time.sleep(1.5)
+        assert _watch_once(client, engine, live, done, sent.append, "cpu", logging.getLogger("t")) == 0
+        assert sent == [rid]
+        crashed = client.read_flow_run(fid).state
+        assert crashed.is_crashed() and f"run {rid}" in crashed.message
