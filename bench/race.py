@@ -34,7 +34,7 @@ def draw(rng, races: int, n_max: int, effect: float, sd_ratio: float = 1.0, tail
 
 def looks_of(better, worse, planned: list[int], sesoi: float | None = None):
     """looks[i][r]: race i's Look at round r (seeds 0..n−1 a side), Welch's test (and with a `sesoi`, its TOST)
-    computed for every race at once (the same numbers as ablate.results.stats.welch and .equivalence;
+    and the sides' standard-error ratio computed for every race at once (the same numbers as ablate.results.stats.welch and .equivalence;
     tests/results/test_race.py holds that)."""
     import numpy as np
     from scipy import stats as st
@@ -50,11 +50,13 @@ def looks_of(better, worse, planned: list[int], sesoi: float | None = None):
         df = (vb + vw) ** 2 / (vb ** 2 / (n - 1) + vw ** 2 / (n - 1))
         t = effect / se
         p_two = np.minimum(1.0, 2 * np.minimum(st.t.sf(t, df), st.t.cdf(t, df)))
+        spread = np.sqrt(np.maximum(vb, vw) / np.minimum(vb, vw))
         if sesoi is None:
-            columns.append([Look(n, n, float(e), float(p)) for e, p in zip(effect, p_two)])
+            columns.append([Look(n, n, float(e), float(p), spread=float(q)) for e, p, q in zip(effect, p_two, spread)])
             continue
         p_eq = np.maximum(st.t.sf((effect + sesoi) / se, df), st.t.sf((sesoi - effect) / se, df))
-        columns.append([Look(n, n, float(e), float(p), sesoi, float(q)) for e, p, q in zip(effect, p_two, p_eq)])
+        columns.append([Look(n, n, float(e), float(p), sesoi, float(pe), spread=float(q))
+                        for e, p, pe, q in zip(effect, p_two, p_eq, spread)])
     return [list(row) for row in zip(*columns)]
 
 
@@ -123,25 +125,61 @@ def table(design, races: int, seed: int) -> tuple[list[str], list[dict]]:
     return lines, rows
 
 
-# (what, effect, sd_ratio, tails, sesoi): the null under unequal spreads and heavy tails, and equivalence races
-SPREADS = [("equal spreads", 0.0, 1.0, None, None), ("spreads 1:3", 0.0, 3.0, None, None),
-           ("spreads 1:10", 0.0, 10.0, None, None), ("t3 tails", 0.0, 1.0, 3, None),
-           ("t3 tails, spreads 1:3", 0.0, 3.0, 3, None),
-           ("equivalence, effect = +SESOI", 1.5, 1.0, None, 1.5), ("equivalence, effect = -SESOI", -1.5, 1.0, None, 1.5),
-           ("equivalence, no effect", 0.0, 1.0, None, 1.5)]
+# (what, effect, sd_ratio, tails, sesoi, claims): the null under unequal spreads and heavy tails (Holm's levels
+# too: three claims), and equivalence races
+SPREADS = [("equal spreads", 0.0, 1.0, None, None, 1), ("spreads 1:3", 0.0, 3.0, None, None, 1),
+           ("spreads 1:10", 0.0, 10.0, None, None, 1), ("3 claims, spreads 1:10", 0.0, 10.0, None, None, 3),
+           ("t3 tails", 0.0, 1.0, 3, None, 1), ("t3 tails, spreads 1:3", 0.0, 3.0, 3, None, 1),
+           ("equal spreads, effect 1", 1.0, 1.0, None, None, 1), ("spreads 1:3, effect 1", 1.0, 3.0, None, None, 1),
+           ("equivalence, effect = +SESOI", 1.5, 1.0, None, 1.5, 1),
+           ("equivalence, effect = -SESOI", -1.5, 1.0, None, 1.5, 1),
+           ("equivalence, no effect", 0.0, 1.0, None, 1.5, 1)]
 
 
 def spreads_table(design, races: int, seed: int) -> list[str]:
     """The default design (its spending and futility) under unequal seed spreads, heavy tails, and raced for
     equivalence within a SESOI of 1.5 seed-spreads (of the better side)."""
     se = math.sqrt(design.alpha * (1 - design.alpha) / races)
-    lines = [f"| setting | effect | false holds/reversed (alpha {design.alpha} ± {se:.4f}) | equivalent | "
-             "mean seeds a side |", "|" + "---|" * 5]
-    for k, (what, effect, ratio, tails, sesoi) in enumerate(SPREADS):
-        row = simulate(design, effect, races, seed + 100 + k, sd_ratio=ratio, tails=tails, sesoi=sesoi)
+    lines = [f"| setting | effect | false holds/reversed (alpha {design.alpha} ± {se:.4f}) | power (holds) | "
+             "equivalent | mean seeds a side |", "|" + "---|" * 6]
+    for k, (what, effect, ratio, tails, sesoi, claims) in enumerate(SPREADS):
+        row = simulate(design, effect, races, seed + 100 + k, claims, sd_ratio=ratio, tails=tails, sesoi=sesoi)
         false = f"{row['false_rate']:.4f}" if effect == 0 else "—"
+        power = f"{row['power']:.3f}" if effect > 0 and sesoi is None else "—"
         equivalent = f"{row['equivalent']:.4f}" if sesoi is not None else "—"
-        lines.append(f"| {what} | {effect:g} | {false} | {equivalent} | {row['mean_seeds']:.2f} |")
+        lines.append(f"| {what} | {effect:g} | {false} | {power} | {equivalent} | {row['mean_seeds']:.2f} |")
+    return lines
+
+
+SCAN = ("pocock", "obrien-fleming", "power-1", "power-2", "power-3", "power-4", "power-6", "power-10")
+KEEP = 0.01  # the power a race may lose against fixed `max` seeds (issue 72: at <= 60% of its seeds)
+
+
+def spending_scan(design, races: int, seed: int) -> list[str]:
+    """Whether some spending keeps the power of `max` fixed seeds (within KEEP) at 1 and 2 seed-spreads for fewer
+    seeds: every spending of SCAN (Kim & DeMets' α·t^R between Pocock's and O'Brien-Fleming's), futility off and
+    on; the last line says the fewest seeds a spending that keeps the power spends."""
+    from dataclasses import replace
+
+    from ablate.results.power import fixed_power
+
+    effects = (1.0, 2.0)
+    fixed = {e: fixed_power(e, design.alpha, design.max) for e in effects}
+    lines = ["| spending | futility | " + " | ".join(f"power at {e:g} (fixed {design.max}: {fixed[e]:.3f}) | seeds"
+                                                    for e in effects) + " | keeps the power |", "|" + "---|" * 7]
+    keeping: list[tuple[float, str]] = []
+    for k, (spending, futility) in enumerate((s, f) for s in SCAN for f in (False, True)):
+        d = replace(design, spending=spending, futility=futility)
+        rows = [simulate(d, e, races, seed + 200 + 2 * k + i) for i, e in enumerate(effects)]
+        keeps = all(fixed[e] - row["power"] <= KEEP for e, row in zip(effects, rows))
+        share = max(row["mean_seeds"] for row in rows) / design.max
+        if keeps:
+            keeping.append((share, f"{spending}, futility {'on' if futility else 'off'}"))
+        lines.append(f"| {spending} | {'on' if futility else 'off'} | " + " | ".join(
+            f"{row['power']:.3f} | {row['mean_seeds'] / design.max:.0%}" for row in rows) + f" | {'yes' if keeps else 'no'} |")
+    best = min(keeping, default=None)
+    lines += ["", f"Within {KEEP} of the power of {design.max} fixed seeds at 1 and 2 seed-spreads: " + (
+        f"the fewest seeds, {best[0]:.0%} of fixed at the costlier effect, by {best[1]}." if best else "no spending.")]
     return lines
 
 
@@ -150,6 +188,10 @@ def main() -> None:
 
     p = argparse.ArgumentParser(prog="python -m bench race", description=__doc__.splitlines()[0])
     p.add_argument("--races", type=int, default=2000, help="races per setting (>= 2000 for the README's table)")
+    p.add_argument("--spread-races", type=int, default=100_000,
+                   help="races per row of the unequal-spreads table (100,000: a rate to ± 0.0007)")
+    p.add_argument("--scan-races", type=int, default=10_000,
+                   help="races per row of the scan of spendings (10,000: a power to ± 0.005)")
     p.add_argument("--min", type=int, default=2)
     p.add_argument("--max", type=int, default=10)
     p.add_argument("--step", type=int, default=1)
@@ -162,9 +204,13 @@ def main() -> None:
     lines, _ = table(design, args.races, args.seed)
     lines += ["", f"Unequal spreads, heavy tails and equivalence ({design.spending} spending, futility "
               f"{'on' if design.futility else 'off'}; a SESOI never stops for futility):", "",
-              *spreads_table(design, args.races, args.seed)]
+              *spreads_table(design, args.spread_races, args.seed),
+              "", f"Can a spending keep the power of {design.max} fixed seeds for fewer ({args.scan_races} races a row, "
+              "equal spreads; seeds: the mean a side, of fixed):", "", *spending_scan(design, args.scan_races, args.seed)]
     head = (f"Races of seeds {design.min}..{design.max} (step {design.step}), alpha {design.alpha}, "
-            f"{args.races} races per row, numpy seed {args.seed}; {time.process_time() - t0:.0f} CPU-s.")
+            f"{args.races} races per row ({args.spread_races} in the second table, {args.scan_races} in the third), "
+            f"numpy seed {args.seed}; "
+            f"{time.process_time() - t0:.0f} CPU-s.")
     text = "\n".join([head, "", *lines, ""])
     print(text)
     if args.out:

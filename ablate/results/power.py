@@ -47,12 +47,15 @@ def seed_spread(engine: sa.Engine, architectures: set[str]) -> Spread:
 def seeds_for(effect_sd: float, alpha: float, power: float = POWER) -> int | None:
     """The fewest seeds a side (2 or more) at which one two-sided t-test at `alpha` has `power` to detect a
     difference of `effect_sd` seed-spreads; None past MOST."""
+    return next((n for n in range(2, MOST + 1) if fixed_power(effect_sd, alpha, n) >= power), None)
+
+
+def fixed_power(effect_sd: float, alpha: float, n: int) -> float:
+    """The power of one two-sided t-test at `alpha` with n seeds a side at a difference of `effect_sd`
+    seed-spreads (noncentral t, 2n − 2 degrees of freedom)."""
     from scipy import stats as st
 
-    for n in range(2, MOST + 1):
-        df = 2 * n - 2
-        crit = st.t.isf(alpha / 2, df)
-        nc = effect_sd * math.sqrt(n / 2)
-        if st.nct.sf(crit, df, nc) + st.nct.cdf(-crit, df, nc) >= power:
-            return n
-    return None
+    df = 2 * n - 2
+    crit = st.t.isf(alpha / 2, df)
+    nc = effect_sd * math.sqrt(n / 2)
+    return float(st.nct.sf(crit, df, nc) + st.nct.cdf(-crit, df, nc))

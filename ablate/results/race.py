@@ -3,8 +3,9 @@
 Each hypothesis (a claim cell: one configuration of an ordering's better side against one of its worse side) is
 looked at once per round, at the seeds the round has (`RaceDesign.planned`: `min`, `min + step`, ... up to `max`
 a side). A look's Welch test becomes a z (sequential.z_of) and is compared with its group-sequential boundary
-(sequential.boundaries: Lan-DeMets alpha spending over the looks so far), so that the chance of any false "holds"
-or "reversed" stays at most alpha however many rounds are looked at.
+(sequential.boundaries: Lan-DeMets alpha spending over the looks so far), its nominal level lowered where the
+sides' seed spreads differ (calibration.scale: Welch at a few seeds a side errs there), so that the chance of any
+false "holds" or "reversed" stays at most alpha however many rounds are looked at.
 
 Across hypotheses, Holm's procedure in its group-sequential form (Maurer & Bretz, "Multiple testing in group
 sequential trials using graphical approaches", Stat. Biopharm. Res. 2013): every hypothesis starts at level
@@ -36,7 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ablate.results import stats
-from ablate.results.sequential import SPENDINGS, boundaries, conditional_power, information_fraction, z_of
+from ablate.results.calibration import scale, spread_ratio
+from ablate.results.sequential import SPENDINGS, boundaries, conditional_power, information_fraction, known, z_of
 
 CONTINUE, FUTILITY, MAX_REACHED = "continue", "futility", "max reached"
 
@@ -59,7 +61,7 @@ class RaceDesign:
     def __post_init__(self) -> None:
         if not 2 <= self.min <= self.max:
             raise ValueError(f"seeds: min {self.min} and max {self.max} need 2 <= min <= max")
-        if self.step < 1 or not 0 < self.alpha < 0.5 or self.spending not in SPENDINGS:
+        if self.step < 1 or not 0 < self.alpha < 0.5 or not known(self.spending):
             raise ValueError(f"step {self.step} >= 1, alpha {self.alpha} in (0, 0.5), spending one of {SPENDINGS}")
 
     @classmethod
@@ -85,6 +87,7 @@ class Look:
     sesoi: float | None = None  # the claim's smallest effect of interest (nats): tested for equivalence
     p_equivalent: float | None = None  # the look's TOST p within ±sesoi (one-sided, the larger of the two)
     parity: bool = False  # a parity claim's: its decisions are said in its words (stats.parity_text)
+    spread: float | None = None  # the sides' standard errors' ratio, larger over smaller (calibration.scale)
 
     @classmethod
     def of(cls, better: Sequence[float], worse: Sequence[float], sesoi: float | None = None,
@@ -99,7 +102,8 @@ class Look:
                 parity: bool = False) -> Look:
         """A look at a comparison already made (a claim cell's test)."""
         equivalent = stats.equivalence(c, sesoi) if sesoi is not None else None
-        return cls(n_better, n_worse, c.effect, c.p_two_sided, sesoi, equivalent, parity)
+        return cls(n_better, n_worse, c.effect, c.p_two_sided, sesoi, equivalent, parity,
+                   spread_ratio(_se(c.better), _se(c.worse)))
 
 
 @dataclass(frozen=True)
@@ -168,7 +172,7 @@ def decide(design: RaceDesign, looks: Sequence[Sequence[Look]]) -> list[list[Dec
     for r in range(max((len(h) for h in looks), default=0)):
         last = r == len(planned) - 1
         todo = [h for h in range(m) if r < len(looks[h]) and not (out[h] and out[h][-1].final)]
-        pending: dict[int, tuple[float, float, list[float]]] = {}  # h -> (z, t, fractions with this look)
+        pending: dict[int, tuple[float, list[float]]] = {}  # h -> (t, fractions with this look)
         for h in todo:
             look = looks[h][r]
             t = 1.0 if last else information_fraction(max(look.n_better, 1), max(look.n_worse, 1), design.max)
@@ -180,24 +184,27 @@ def decide(design: RaceDesign, looks: Sequence[Sequence[Look]]) -> list[list[Dec
             elif fractions[h] and t <= fractions[h][-1]:  # no information since its last look: not looked at again
                 out[h].append(_untested(r, look, design, m, rejected, last))
             else:
-                pending[h] = (z_of(look.p_two_sided, look.effect), t, [*fractions[h], t])
+                pending[h] = (t, [*fractions[h], t])
         shown += _equivalences(design, looks, r, pending, out, fractions, bounded, shown)
         while pending:  # Holm: each rejection raises the others' level, within this round too
             level = design.alpha / max(m - rejected, 1)
-            newly = [h for h, (z, _, ts) in pending.items() if abs(z) >= boundaries(ts, level, design.spending)[-1]]
+            newly = [h for h, (_, ts) in pending.items()
+                     if abs(_z(design, looks[h][r], level)) >= boundaries(ts, level, design.spending)[-1]]
             if not newly:
                 break
             for h in newly:
-                z, t, ts = pending.pop(h)
+                t, ts = pending.pop(h)
                 look = looks[h][r]
+                z = _z(design, look, level)
                 out[h].append(Decision(r, look.n_better, look.n_worse, z, boundaries(ts, level, design.spending)[-1],
                                        level, stats.HOLDS if z > 0 else stats.REVERSED, sesoi=look.sesoi,
                                        parity=look.parity))
                 fractions[h] = ts
             rejected += len(newly)
         level = design.alpha / max(m - rejected, 1)
-        for h, (z, t, ts) in pending.items():
+        for h, (t, ts) in pending.items():
             look = looks[h][r]
+            z = _z(design, look, level)
             bound = boundaries(ts, level, design.spending)[-1]
             fractions[h] = ts
             power = None
@@ -217,7 +224,7 @@ def decide(design: RaceDesign, looks: Sequence[Sequence[Look]]) -> list[list[Dec
 
 
 def _equivalences(design: RaceDesign, looks: Sequence[Sequence[Look]], r: int,
-                  pending: dict[int, tuple[float, float, list[float]]], out: list[list[Decision]],
+                  pending: dict[int, tuple[float, list[float]]], out: list[list[Decision]],
                   fractions: list[list[float]], bounded: int, shown: int) -> int:
     """The pending hypotheses with a SESOI whose TOST crosses its one-sided boundary at this look end equivalent,
     Holm within the equivalence family (each one shown raises the others' level, within the round too). How many
@@ -228,23 +235,38 @@ def _equivalences(design: RaceDesign, looks: Sequence[Sequence[Look]], r: int,
     while True:
         level = design.alpha / max(bounded - shown, 1)
         newly = []
-        for h, (_, _, ts) in pending.items():
+        for h, (_, ts) in pending.items():
             look = looks[h][r]
             if look.p_equivalent is None:
                 continue
-            z = -NormalDist().inv_cdf(min(max(look.p_equivalent, 1e-300), 1 - 1e-16))
+            p = look.p_equivalent / _scale(design, look, 2 * level)  # one side of the two-sided at 2 x level
+            z = -NormalDist().inv_cdf(min(max(p, 1e-300), 1 - 1e-16))
             bound = boundaries(ts, 2 * level, design.spending)[-1]  # one side of the two-sided at 2 x level
             if z >= bound:
                 newly.append((h, z, bound))
         if not newly:
             return shown - before
         for h, z, bound in newly:
-            _, _, ts = pending.pop(h)
+            _, ts = pending.pop(h)
             look = looks[h][r]
             out[h].append(Decision(r, look.n_better, look.n_worse, z, bound, level, stats.EQUIVALENT,
                                    sesoi=look.sesoi, parity=look.parity))
             fractions[h] = ts
         shown += len(newly)
+
+
+def _scale(design: RaceDesign, look: Look, level: float) -> float:
+    return scale(tuple(design.planned()), design.max, level, design.spending, look.spread)
+
+
+def _z(design: RaceDesign, look: Look, level: float) -> float:
+    """The look's Welch p at the nominal level lowered where its sides' spreads differ (calibration.scale), as a
+    z signed like the effect."""
+    return z_of(min(1.0, look.p_two_sided / _scale(design, look, level)), look.effect)
+
+
+def _se(side: stats.Estimate) -> float | None:
+    return None if side.std is None or side.n < 1 else side.std / math.sqrt(side.n)
 
 
 def _fewest(look: Look) -> int:

@@ -12,7 +12,8 @@ by recursive numerical integration (Armitage, McPherson & Rowe 1969) of the dens
 - `spent(t, alpha, spending)`: Pocock-type, α·ln(1 + (e − 1)·t), spends evenly and stops big effects early (the
   default of an adaptive sweep, whose first looks have 2 seeds a side); O'Brien-Fleming-type,
   4 − 4Φ(z_{1−α/4}/√t) (each side's one-sided function at α/2, as gsDesign and ldbounds tabulate it), keeps nearly
-  all of alpha for the last look.
+  all of alpha for the last look; `power-R`: Kim & DeMets' α·t^R (1987), the family between them (R 1 spends
+  about as Pocock's, 3 as O'Brien-Fleming's), for the bench's scan of spendings (`python -m bench race`).
 - `boundaries(fractions, alpha, spending)`: the two-sided z boundary of each look.
 - `information_fraction(n_better, n_worse, n_max)`: for a difference of two means, 1/(1/n_b + 1/n_w) over its
   value at n_max seeds a side.
@@ -44,7 +45,19 @@ def spent(t: float, alpha: float, spending: str) -> float:
         return alpha * math.log(1 + (math.e - 1) * t)
     if spending == "obrien-fleming":  # each side spends alpha/2 as the one-sided function does
         return float(4 - 4 * norm.cdf(norm.isf(alpha / 4) / math.sqrt(t)))
+    if known(spending):  # power-R
+        return alpha * t ** float(spending.removeprefix("power-"))
     raise ValueError(f"spending {spending!r}: use one of {', '.join(SPENDINGS)}")
+
+
+def known(spending: str) -> bool:
+    """A spending `spent` computes: one of SPENDINGS, or power-R with R > 0."""
+    if spending in SPENDINGS:
+        return True
+    try:
+        return spending.startswith("power-") and float(spending.removeprefix("power-")) > 0
+    except ValueError:
+        return False
 
 
 def boundaries(fractions: Sequence[float], alpha: float, spending: str = "pocock") -> tuple[float, ...]:

@@ -166,7 +166,7 @@ class RaceDecision(Base):
     claim: Mapped[str] = mapped_column(sa.Text)  # the claim cell: its ordering, where, and the two sides
     n_better: Mapped[int]
     n_worse: Mapped[int]
-    statistic: Mapped[float | None]  # the look's z (Welch's t as the z of the same two-sided p)
+    statistic: Mapped[float | None]  # the look's z (Welch's t as the z of the same two-sided p, calibrated)
     boundary: Mapped[float | None]  # the group-sequential boundary it was compared with
     level: Mapped[float]  # the claim's share of alpha at that round (Holm)
     decision: Mapped[str] = mapped_column(sa.String(200))  # continue, or the verdict in the report's words

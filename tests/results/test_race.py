@@ -5,14 +5,15 @@ sampling error) while testing at alpha after every seed does not, and each decis
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from ablate.results import stats
+from ablate.results import calibration, stats
 from ablate.results.race import FUTILITY, MAX_REACHED, Decision, Look, RaceDesign, decide, naive
 from ablate.results.sequential import boundaries, conditional_power, information_fraction, spent
-from bench.race import looks_of, simulate
+from bench.race import draw, looks_of, simulate
 
 # ldbounds / gsDesign, two-sided alpha 0.05, 5 equally spaced looks (Jennison & Turnbull 2000, ch. 7)
 OBRIEN_FLEMING_5 = (4.8769, 3.3569, 2.6803, 2.2898, 2.0310)
@@ -50,6 +51,8 @@ def test_the_simulations_welch_is_the_reports_welch():
             c = stats.welch(list(better[i, :n]), list(worse[i, :n]))
             assert looks[i][r].effect == pytest.approx(c.effect, rel=1e-12)
             assert looks[i][r].p_two_sided == pytest.approx(c.p_two_sided, rel=1e-9)
+            assert looks[i][r].spread == pytest.approx(Look.of(list(better[i, :n]), list(worse[i, :n])).spread,
+                                                       rel=1e-9)
     bounded = looks_of(better, worse, [2, 4, 6], sesoi=0.5)
     for i in range(5):
         for r, n in enumerate([2, 4, 6]):
@@ -66,6 +69,33 @@ def test_under_no_difference_a_race_stays_within_alpha_and_testing_after_every_s
     error = 3 * math.sqrt(alpha * (1 - alpha) / races)  # three standard errors of a rate at alpha over 2000 races
     assert row["false_rate"] <= alpha + error, row
     assert row["naive_false_rate"] > alpha + error, row  # the same draws, looked at naively: the test can fail
+
+
+@pytest.mark.parametrize("ratio", [3.0, 10.0])
+def test_under_no_difference_with_unequal_spreads_a_race_stays_within_alpha(ratio):
+    """Welch at 2 to 10 seeds a side errs where one side's spread dominates (0.061 at 1:3, 0.072 at 1:10 before
+    the calibration): the calibrated race stays within alpha, and its draws would not without it."""
+    races, alpha = 4000, 0.05
+    design = RaceDesign(min=2, max=10, alpha=alpha, futility=False)
+    row = simulate(design, 0.0, races, seed=13, sd_ratio=ratio)
+    error = 2 * math.sqrt(alpha * (1 - alpha) / races)
+    assert row["false_rate"] <= alpha + error, row
+    rng = np.random.default_rng(13)
+    uncalibrated = [[replace(look, spread=None) for look in race] for race in  # the spreads unknown: taken equal
+                    looks_of(*draw(rng, races, design.max, 0.0, ratio), design.planned())]
+    false = sum(decide(design, [race])[0][-1].decision in (stats.HOLDS, stats.REVERSED) for race in uncalibrated)
+    assert false / races > alpha + error, false / races
+
+
+def test_the_calibration_is_seeded_lowers_the_level_where_spreads_differ_and_holds_the_level_it_is_for():
+    planned, level = (2, 3, 4, 6), 0.05
+    lam0, floor = calibration.calibrated(planned, 6, level, "pocock")
+    calibration.calibrated.cache_clear()
+    assert calibration.calibrated(planned, 6, level, "pocock") == (lam0, floor)
+    factors = [calibration.scale(planned, 6, level, "pocock", q) for q in (1.0, 1.3, 2.0, 3.0, 30.0, math.inf)]
+    assert factors[0] == factors[1] == lam0 and all(a >= b for a, b in zip(factors, factors[1:]))
+    assert factors[-1] == factors[-2] == pytest.approx(lam0 * floor) and lam0 * floor < 1
+    assert calibration.scale(planned, 6, level, "pocock", None) == lam0
 
 
 def test_a_family_of_null_claims_stays_within_alpha_with_holm_across_the_race():

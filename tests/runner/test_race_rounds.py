@@ -27,6 +27,10 @@ SPEC = {
         {"claim": "lr 1% apart", "better": {"lr": 3e-3}, "worse": {"lr": 3.03e-3}}]},
 }
 MEANS = {8: 6.2, 64: 5.1, 16: 6.1}  # the lr claim has no true difference
+# seed spread by d_model: the wider claim obvious at its first look (2 seeds a side) whatever its seeds' spreads
+# (where one side's spread dominates, Welch at 2 seeds has 1 degree of freedom and a calibrated level:
+# ablate/results/calibration.py), the lr claim's sides 0.02 nats apart seed to seed
+NOISE = {8: 0.002, 64: 0.002, 16: 0.02}
 
 
 def register(tmp_path, url, **adaptive):
@@ -36,13 +40,13 @@ def register(tmp_path, url, **adaptive):
     return runner.register(path, url)
 
 
-def train(url, seconds: float = 60.0, means: dict[int, float] = MEANS):
+def train(url, seconds: float = 60.0, means: dict[int, float] = MEANS, noise: dict[int, float] = NOISE):
     """Every pending run 'trains': its loss drawn around its cell's mean (seeded by run, so replays agree)."""
     engine = store.connect(url)
     with engine.begin() as conn:
         for r in conn.execute(sa.select(store.Run.id, store.Run.d_model, store.Run.seed)
                               .where(store.Run.status == "pending")).all():
-            loss = means[r.d_model] + random.Random(r.id * 7919).gauss(0, 0.02)
+            loss = means[r.d_model] + random.Random(r.id * 7919).gauss(0, noise.get(r.d_model, 0.02))
             conn.execute(sa.update(store.Run).where(store.Run.id == r.id).values(
                 status="completed", final_eval_loss=loss, final_train_loss=loss, steps=100, train_seconds=seconds))
 
@@ -118,10 +122,29 @@ def test_the_reports_and_the_dashboards_claims_read_the_race(tmp_path, sqlite_ur
                                                                          ("wide", "1", "2/2", "holds")], rows
     assert rows[2][1:3] == ["2", "3/3"] and " : " in rows[2][3], rows
     assert "Lan-DeMets" in study["race"]["method"] and "fixed seeds a cell" in study["race"]["spent"]
+    assert ("; 1 of 2 claims decided, at 2 seeds a side on average where 6 fixed seeds test them with at least the "
+            "race's power") in study["race"]["spent"], study["race"]["spent"]
     report = build_report("race", sqlite_url, out=tmp_path / "rep", formats=("md",))
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "**The race** (adaptive seeds)" in md and "| wider is better: 64 < 8 | 1 | 2/2 |" in md, md
     assert report is not None
+
+
+def test_a_race_that_decided_no_claim_says_it_saved_nothing():
+    """Runs short of report.min_steps (or claims that race to max) decide nothing: the footer says so instead of a
+    saving against max fixed seeds."""
+    from ablate.report.race import spent_line
+
+    def decided(claim: str, round_: int, n: int, decision: str) -> store.RaceDecision:
+        return store.RaceDecision(claim=claim, round=round_, n_better=n, n_worse=n, level=0.05, decision=decision)
+
+    stuck = [decided("a", 0, 0, "continue"), decided("a", 1, 0, "untested"), decided("b", 0, 2, "continue"),
+             decided("b", 1, 3, "not significant (stopped for futility at n=3)")]
+    said = spent_line([], 10, stuck)
+    assert "no claim decided, so nothing was saved: 10 fixed seeds a cell would test every claim" in said, said
+    mixed = stuck + [decided("c", 0, 2, "holds"), decided("d", 2, 4, "holds: equal within ±0.01 nats"),
+                     decided("e", 3, 5, "undecided: neither equal within ±0.01 nats nor different")]
+    assert "; 2 of 5 claims decided, at 3 seeds a side on average where 10" in spent_line([], 10, mixed)
 
 
 @pytest.mark.parametrize("bad", ["min", "alpha"])
@@ -146,7 +169,7 @@ def test_best_of_k_eliminates_the_worse_cells_and_races_the_tied_ones_to_max(tmp
     means = {8: 6.2, 16: 5.6, 32: 5.0, 64: 5.0}
     state = None
     while state is None or state.over is None:
-        train(sqlite_url, means=means)
+        train(sqlite_url, means=means, noise={})  # every cell 0.02 nats seed to seed
         state = next_round(store.connect(sqlite_url), "race")
     seeds = {d: len(s) for (d, _), s in seeds_of(sqlite_url).items()}
     assert seeds[8] == 2 and seeds[16] < 5 and seeds[32] == seeds[64] == 5, seeds  # the worse two stop early
