@@ -118,7 +118,10 @@ def verdict_notes(cell: ClaimCell) -> list[str]:
     notes = []
     if cell.counted_worst is not None:
         alone = f"; the finished seeds alone: one-sided p = {p_text(cell.comparison.p)}" if cell.comparison.tested else ""
-        notes.append(worst_text(cell) + alone)
+        # the worst loss widens the side's spread: a careful test, but a weaker one (a race's verdict too)
+        cost = ("; counting them so costs the test power: this verdict may be theirs, not the effect's"
+                if str(cell.verdict).startswith(stats.NOT_SIGNIFICANT) else "")
+        notes.append(worst_text(cell) + alone + cost)
     if cell.comparison is not None and cell.comparison.identical:
         notes.append(stats.IDENTICAL)
     elif cell.comparison is not None and not cell.comparison.tested:

@@ -85,8 +85,9 @@ def _draw_points(ax: Any, pts: list[tuple[float, float, int]], label: str, gid: 
     return bars.lines[0]
 
 
+# E_at_bound: E ran to its lower bound 0 (the sizes locate no irreducible loss: E is the optimiser's, not a claim)
 SCALING_COLUMNS = ("architecture", "x", "E", "E_low", "E_high", "A", "alpha", "alpha_low", "alpha_high", "x_min",
-                   "x_max", "points", "sizes", "bootstrap", "converged", "reason")
+                   "x_max", "points", "sizes", "bootstrap", "converged", "reason", "E_at_bound")
 
 
 def write_scaling_csv(laws: Laws, path: Path) -> Path:
@@ -98,5 +99,6 @@ def write_scaling_csv(laws: Laws, path: Path) -> Path:
                 e_ci, a_ci = fit.E_ci or ("", ""), fit.alpha_ci or ("", "")
                 x_range = fit.x_range or ("", "")
                 out.writerow((law.architecture, unit, blank(fit.E), *e_ci, blank(fit.A), blank(fit.alpha), *a_ci,
-                              *x_range, fit.n_points, fit.n_x, fit.bootstrap, fit.converged, fit.reason))
+                              *x_range, fit.n_points, fit.n_x, fit.bootstrap, fit.converged, fit.reason,
+                              fit.E_at_bound if fit.converged else ""))
     return path

@@ -104,6 +104,26 @@ def test_a_sweep_whose_losses_follow_a_known_law_is_fitted_back_by_the_report(tm
     assert "**Scaling.**" in (tmp_path / "out" / "report.md").read_text()
 
 
+def test_scaling_csv_flags_an_E_that_ran_to_its_bound(tmp_path):
+    """A pure power law (no irreducible loss) fits E at its lower bound 0: scaling.csv says so beside the raw E, as
+    the report's line does, so that a reader of the file does not take 1e-12 for a measured E."""
+    from ablate.report.scaling import write_scaling_csv
+    from ablate.results.laws import ArchitectureLaw, Laws
+    from ablate.results.scaling import fit_power_law
+
+    rng = np.random.default_rng(2)
+    def law(name: str, E: float) -> ArchitectureLaw:
+        pts = [(x, E + 30 * x ** -0.3 * (1 + rng.normal(0, 0.002)), s) for x in (1e5, 1e6, 1e7, 1e8) for s in range(3)]
+        fit = fit_power_law([p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts], bootstrap=20)
+        return ArchitectureLaw(name, {"params": pts}, {"params": fit})
+
+    laws = Laws([law("pure", 0.0), law("floored", 2.0)])
+    with write_scaling_csv(laws, tmp_path / "scaling.csv").open() as f:
+        rows = {r["architecture"]: r for r in csv.DictReader(f)}
+    assert rows["pure"]["E_at_bound"] == "True" and float(rows["pure"]["E"]) < 1e-3, rows["pure"]
+    assert rows["floored"]["E_at_bound"] == "False" and float(rows["floored"]["E"]) == pytest.approx(2.0, abs=0.1)
+
+
 def test_the_scaling_figure_draws_a_size_of_many_runs_as_its_mean_and_range_and_a_few_runs_one_by_one():
     """100,000 runs would be 100,000 markers (most of the figure's cost, and unreadable): past MAX_DOTS runs at
     a size, a law's size is its mean with a min–max bar; 25 laws' legend gives way to a note."""

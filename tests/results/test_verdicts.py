@@ -149,6 +149,7 @@ def test_a_diverged_seed_is_said_and_cannot_flatter_the_better_side():
     (line,) = check_orderings(_spec(), views)
     assert "mixer 2.02 ± 0.05 (n=3; 1 of 4 diverged)" in line
     assert "1 diverged seed of mixer counted at 2.090 (the comparison's worst finished loss)" in line
+    assert "counting them so costs the test power: this verdict may be theirs, not the effect's" in line, line
     # a diverged seed on the worse side cannot flatter a claim that holds: left out, said, not counted
     views = _synthetic({("mixer", 64): [("completed", x) for x in (2.00, 2.01, 2.02)],
                         ("llama", 64): llama[:3] + [("completed", math.nan)]})  # a NaN final loss is divergence
