@@ -19,8 +19,12 @@ os.environ.pop("ABLATE_DB_URL", None)
 REPO = Path(__file__).resolve().parent.parent
 TEST_DATA = REPO / "tests" / "data"  # everything the tests read lives in the repository
 SAMPLE = REPO / "ablate" / "corpora" / "tinystories-valid-head.txt"
-# The server .ci/run starts (trust auth). Override with ABLATE_TEST_PG_URL.
-PG_ADMIN_URL = os.environ.get("ABLATE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+# A PostgreSQL server the suite may create and drop databases and roles on, as a superuser: only where
+# ABLATE_TEST_PG_URL names one (.ci/run sets it to the server it starts), never whatever answers on a user's laptop
+PG_ADMIN_URL = os.environ.get("ABLATE_TEST_PG_URL") or None
+PG_UNSET = ("PostgreSQL tests create and drop databases and roles: they run where ABLATE_TEST_PG_URL names a server "
+            "they may use as a superuser, e.g. ABLATE_TEST_PG_URL=postgresql+psycopg://postgres@127.0.0.1:5432/postgres "
+            "(.ci/run sets it)")
 
 
 @pytest.fixture
@@ -44,14 +48,15 @@ def _pg_available() -> bool:
 def throwaway_postgres(prefix: str = "ablate_test", migrated: bool = True):
     """A new database on the real PostgreSQL server, dropped afterwards (a generator: yields its URL): a copy of this
     process's template at ablate's schema (0.1 s against 0.4 s to create and migrate one, under load), or empty
-    (`migrated=False`, for a test of what a bare database meets). Fails in CI and skips elsewhere when the server is
-    not reachable."""
+    (`migrated=False`, for a test of what a bare database meets). Skips, saying how to run it, without
+    ABLATE_TEST_PG_URL; fails when the server it names is not reachable."""
     import sqlalchemy as sa
 
+    if PG_ADMIN_URL is None:
+        pytest.skip(PG_UNSET)
     if not _pg_available():
-        if os.environ.get("CI"):
-            pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL}; .ci/run must start it")
-        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}")
+        pytest.fail(f"PostgreSQL is not reachable at ABLATE_TEST_PG_URL={sa.make_url(PG_ADMIN_URL)!s}: start it, "
+                    "or unset ABLATE_TEST_PG_URL to skip the PostgreSQL tests")
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     template = f' TEMPLATE "{_migrated_template(admin)}"' if migrated else ""
