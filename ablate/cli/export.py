@@ -6,7 +6,8 @@ import click
 
 from ablate.cli.common import about, console, db_option, err_console
 
-VIEW = {"mlflow": "mlflow ui --backend-store-uri {uri}", "tensorboard": "tensorboard --logdir {logdir}",
+# mlflow ui --workers 1: its default 4 server workers were killed on a busy machine, and one serves a reader
+VIEW = {"mlflow": "mlflow ui --workers 1 --backend-store-uri {uri}", "tensorboard": "tensorboard --logdir {logdir}",
         "wandb": "wandb sync {dir}/offline-run-*   (uploads them; they are offline until then)"}
 
 

@@ -18,7 +18,7 @@ class TensorboardTarget:
         self.ledger = Ledger(self.root)
 
     def folder(self, run: ExportRun) -> Path:
-        return self.root / f"{run.name}-{run.fingerprint}"
+        return self.root / f"run-{run.run_id}-{run.fingerprint}"  # its folder kept across exports (the name may grow)
 
     def export(self, run: ExportRun) -> int:
         new = self.ledger.new_points(run)

@@ -113,6 +113,29 @@ def test_an_export_read_back_by_the_trackers_own_reader_then_updated_without_dup
         assert read_back(to, tmp_path)[running.fingerprint]["state"] == "FINISHED"
 
 
+def test_exported_runs_are_named_by_what_sets_them_apart_and_a_pending_run_is_dated_when_registered(tmp_path):
+    """A tracker shows run names and start times: 'run-12' told nothing, and a run pending at export time showed as
+    created 26 years ago (its start was taken as 2000-01-01)."""
+    import datetime as dt
+
+    from ablate.export.runs import export_runs
+
+    db = build(f"sqlite:///{tmp_path / 'r.db'}", tmp_path)
+    engine = store.connect(db["url"])
+    pending = db["ids"][0]
+    store.update_run(engine, pending, status="pending")
+    with engine.begin() as conn:
+        conn.execute(sa.update(store.Run).where(store.Run.id == pending).values(started_at=None))
+    runs = {r.run_id: r for r in export_runs(engine, "widths")}
+    for rid, row in db["runs"].items():  # heads too: null for the mixer, set for llama
+        heads = flatten(row.config)["heads"]
+        assert runs[rid].name == (f"architecture={row.architecture} d_model={row.d_model} heads={heads} "
+                                  f"seed={row.seed} · run {rid}"), runs[rid].name
+    assert len({r.name for r in runs.values()}) == len(runs)
+    registered = store.get_run(engine, pending).created_at.replace(tzinfo=dt.timezone.utc).timestamp() * 1000
+    assert abs(runs[pending].start_ms() - registered) < 1000
+
+
 def test_the_export_command_says_where_and_how_to_look(tmp_path, capsys):
     from ablate.cli import main
 
