@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from ablate.cli.common import Ordered, about, console, db_option, launch_flags, launch_of
+from ablate.cli.common import (Ordered, about, assignments_argument, console, db_option, launch_flags, launch_of,
+                               override_options, overrides_of)
 
 
 @click.group(cls=Ordered, name="search", **about("Optuna searches over a sweep's `search` block"),
@@ -21,16 +22,18 @@ def search_group() -> None:
 @search_group.command(**about("run (or continue) the search here until the study has n_trials",
                               "SPEC: sweep file with a `search:` block, e.g. sweeps/tinystories-heads-lr.yaml"))
 @click.argument("spec")
+@assignments_argument()
 @click.option("--workers", type=int, default=1, help="trials at once here, each asking the shared study (default 1)")
 @click.option("--n-trials", type=int, default=None, help="trials the study should hold (default: the spec's)")
 @click.option("--seed", type=int, default=None, help="sampler seed (default: from the spec name)")
 @launch_flags(threads_help="torch threads per trainer (default: free cores / workers)")
+@override_options(merge=False)
 @db_option()
 def run(spec: str, workers: int, n_trials: int | None, seed: int | None, db: str | None, **params: Any) -> int:
     from ablate import runner, search
-    from ablate.config import load_spec
+    from ablate.config import load_trials
 
-    parsed = load_spec(spec)
+    parsed, _ = load_trials(spec, overrides=overrides_of(params))  # the overrides as plan and sweep run take them
     search.check_search(parsed, spec)
     opts = launch_of(params, db)
     opts = opts.but(threads=opts.threads or runner.default_threads(workers, parsed.budget.gpus))
@@ -38,7 +41,8 @@ def run(spec: str, workers: int, n_trials: int | None, seed: int | None, db: str
     console.print(f"search {parsed.name}: {total} trials ({parsed.search.sampler}, pruner {parsed.search.pruner}), "
                   f"{workers} worker(s) here, {parsed.budget.describe()} each")
     _stop_on_sigterm()
-    outcomes = search.run_search(spec, db, opts, workers=workers, n_trials=n_trials, seed=seed, on_trial=_say_trial)
+    outcomes = search.run_search(parsed, db, opts, workers=workers, n_trials=n_trials, seed=seed, on_trial=_say_trial,
+                                 spec_path=spec)
     console.print(f"search {parsed.name}: {len(outcomes)} trials run here; `ablate search report {parsed.name}` for "
                   "the best")
     return 0

@@ -56,6 +56,27 @@ def assign(data: dict[str, Any], key: str, value: Any) -> None:
     node[_slot(node, parts, len(parts) - 1)] = value
 
 
+MISSING = object()  # `lookup`'s answer for a path the data does not have
+
+
+def lookup(data: Any, key: str) -> Any:
+    """The value at dotted `key` (a list's items by index), or MISSING; never raises (`assign` says what is wrong)."""
+    node = data
+    for part in key.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return MISSING
+    return node
+
+
+def same(before: Any, after: Any) -> bool:
+    """Whether an override leaves a value as it was: equal, and a flag still a flag (True == 1 in Python)."""
+    return before is not MISSING and before == after and isinstance(before, bool) == isinstance(after, bool)
+
+
 def value_text(value: Any) -> str:
     """A value as the notes and the sweep's name say it: `0.001`, `[64,128]`, `{"steps":100}`, `h100`."""
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=str)

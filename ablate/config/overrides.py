@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ablate.config.dotted import ECHO, assign, parse_assignment, value_text
+from ablate.config.dotted import ECHO, assign, lookup, parse_assignment, same, value_text
 from ablate.config.errors import SpecError, did_you_mean
 from ablate.config.sources import has_splits, is_local_source, looks_like_path
 from ablate.config.sweep import NAME_MAX
@@ -65,9 +65,10 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
                              "budget=10m or budget=steps=200"], "<overrides>")
         kept = {k: v for k, v in (data.get("budget") or {}).items() if k in ("hardware", "gpus")}
         value: Any = int(amount) if kind == "steps" and amount.strip().isdigit() else amount.strip()
-        data["budget"] = {**kept, kind: value}
-        suffix.append(f"budget-{'' if kind == 'wall_clock' else kind + '-'}{_slug(amount)}")
-        notes.append(f"budget: {kind.replace('_', ' ')} {value} (override)")
+        before, data["budget"] = data.get("budget"), {**kept, kind: value}
+        if not same(before, data["budget"]):  # the file's own budget: the same sweep, not renamed
+            suffix.append(f"budget-{'' if kind == 'wall_clock' else kind + '-'}{_slug(amount)}")
+            notes.append(f"budget: {kind.replace('_', ' ')} {value} (override)")
     _override_data(data, overrides, suffix, notes)
     vocab = overrides.get("vocab_size")
     if vocab is not None:
@@ -99,9 +100,10 @@ def _override_fields(data: dict[str, Any], assignments: Any, suffix: list[str], 
     named = False
     for text in [assignments] if isinstance(assignments, str) else assignments:
         key, value = parse_assignment(text)
+        unchanged = same(lookup(data, key), value)  # the file's own value: the same sweep, not renamed
         assign(data, key, value)
         named = named or key == "name"
-        if key != "name":
+        if key != "name" and not unchanged:
             suffix.append(_slug(f"{key}={value_text(value)}"))
             notes.append(f"{key}: {value_text(value)} (override)")
     return named

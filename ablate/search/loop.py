@@ -52,14 +52,16 @@ def run_worker(spec: SweepSpec, storage: optuna.storages.RDBStorage, opts: runne
 def run_search(spec: SweepSpec | str | Path, db_url: str | None = None, opts: runner.LaunchOptions | None = None, *,
                workers: int = 1, n_trials: int | None = None, seed: int | None = None, poll_seconds: float = 1.0,
                on_trial: Callable[[TrialOutcome], None] | None = None, stop: threading.Event | None = None,
-               heartbeat_seconds: int = HEARTBEAT_SECONDS, grace_seconds: int = GRACE_SECONDS) -> list[TrialOutcome]:
+               heartbeat_seconds: int = HEARTBEAT_SECONDS, grace_seconds: int = GRACE_SECONDS,
+               spec_path: str | None = None) -> list[TrialOutcome]:
     """Run (or continue) a spec's search here with `workers` threads; returns the outcomes of the trials run here.
 
     The study is created first (once, before any worker). n_trials defaults to the spec's; trials already
     in the study count, so a stopped search continues where it stopped. On a GPU machine each worker gets
-    its own GPUs (`budget.gpus` each) unless `opts.gpu_ids` is set.
+    its own GPUs (`budget.gpus` each) unless `opts.gpu_ids` is set. A spec given parsed (with overrides applied)
+    records `spec_path`, the file it came from.
     """
-    spec_path = str(spec) if isinstance(spec, (str, Path)) else None
+    spec_path = str(spec) if isinstance(spec, (str, Path)) else spec_path
     spec = load_spec(spec) if isinstance(spec, (str, Path)) else spec
     url = store.resolve_url(db_url)
     storage = open_storage(url, create=True, heartbeat_seconds=heartbeat_seconds, grace_seconds=grace_seconds)

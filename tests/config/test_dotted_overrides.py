@@ -89,6 +89,15 @@ def test_overrides_name_the_sweep_after_themselves_unless_named():
     assert with_set("defaults.lr=1e-3", "name=mine")["name"] == "mine"  # a dotted name is the name, as --name
 
 
+def test_an_override_that_changes_nothing_keeps_the_sweeps_name():
+    """The file's own value (defaults.lr 0.003, budget steps=100) is the same sweep: renamed, its trials would
+    train again under another name."""
+    same = with_set("defaults.lr=3e-3", "defaults.layers=2", budget="steps=100")
+    assert same["name"] == "smoke" and "overrides" not in same, same.get("overrides")
+    assert with_set("defaults.lr=3e-3", "defaults.layers=3")["name"] == "smoke-defaults-layers-3"
+    assert with_set("defaults.precision=fp32", "defaults.layers=true")["name"] == "smoke-defaults-layers-true"
+
+
 def test_an_override_equals_editing_the_file_by_hand(tmp_path):
     edited = smoke()
     edited["defaults"]["lr"] = 1.0e-3

@@ -432,3 +432,21 @@ def test_a_trial_whose_trainer_fails_is_fail_and_the_study_goes_on(sqlite_url, t
     crashed = study_of(sqlite_url).trials[0]
     assert crashed.state == TrialState.FAIL and "checkpoint" in crashed.user_attrs["error"].lower()
     assert {r.study_trial: r.status for r in runs_of(sqlite_url)}[0] == "failed"
+
+
+def test_search_run_takes_overrides_as_plan_and_sweep_run_do(sqlite_url, tmp_path, artifacts, capsys):
+    """`ablate search run SPEC KEY=VALUE` was refused though any field can be overridden: the search runs the
+    changed spec under the changed name, and records the file it came from."""
+    import sqlalchemy as sa
+
+    from ablate.cli import main
+
+    path = write_spec(tmp_path, tiny(n_trials=1))
+    assert main(["search", "run", str(path), "budget.steps=4", "--n-trials", "1", "--artifacts", str(artifacts),
+                 "--db", sqlite_url]) == 0
+    assert "search tiny-search-budget-steps-4: 1 trials" in capsys.readouterr().out
+    (run,) = runs_of(sqlite_url, "tiny-search-budget-steps-4")
+    assert run.steps == 4
+    with store.connect(sqlite_url).connect() as conn:
+        sweep = conn.execute(sa.select(store.Sweep.name, store.Sweep.spec_path)).one()
+    assert tuple(sweep) == ("tiny-search-budget-steps-4", str(path))
