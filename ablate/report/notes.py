@@ -94,7 +94,7 @@ def floor_line(claims: Claims) -> str | None:
     known = [(arch, std, n) for arch, (std, n) in claims.floor.items() if std is not None]
     if not known:
         return None
-    parts = ", ".join(f"{arch} {std:.3f} ({n} configuration{'s' * (n > 1)})" for arch, std, n in known)
+    parts = ", ".join(f"{arch} {stats.shown(std, 3)} ({n} configuration{'s' * (n > 1)})" for arch, std, n in known)
     return (f"Noise floor (seed-to-seed std of test loss, pooled over each architecture's configurations, runs under "
             f"{claims.min_steps} steps left out): {parts}. An effect smaller than the floor of either side is flagged.")
 
@@ -127,7 +127,7 @@ def verdict_notes(cell: ClaimCell) -> list[str]:
     elif cell.comparison is not None and not cell.comparison.tested:
         notes.append("one seed on a side, or a non-finite loss: no test")
     if cell.below_floor:
-        notes.append(f"below the noise floor {cell.floor:.3f}")
+        notes.append(f"below the noise floor {stats.shown(cell.floor, 3)}")
     return notes
 
 

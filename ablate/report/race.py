@@ -59,8 +59,10 @@ def apply_race(claims: Claims, verdicts: dict[str, str] | None) -> None:
 
 
 def race_table(spec: SweepSpec, views: list[RunView], decisions: list[store.RaceDecision]) -> RaceTable:
+    unit = "CPU-hours" if spec.budget.hardware == "cpu" else "GPU-hours"  # a CPU sweep's hours are not a GPU's
     table = RaceTable(method=method_of(spec), spent=spent_line(views, spec.adaptive.seeds.max,
-                                                               decisions if spec.adaptive.mode == "claims" else None))
+                                                               decisions if spec.adaptive.mode == "claims" else None,
+                                                               unit))
     for d in decisions:
         z = "" if d.statistic is None else f"{abs(d.statistic):.2f}"
         bound = "" if d.boundary is None else f"{d.boundary:.2f}"
@@ -89,7 +91,8 @@ def method_of(spec: SweepSpec) -> str:
             f"alpha {race.alpha:g}; {futility}; seeds {race.seeds.min} to {race.seeds.max}, {race.step} more a round")
 
 
-def spent_line(views: list[RunView], n_max: int, decisions: list[store.RaceDecision] | None = None) -> str:
+def spent_line(views: list[RunView], n_max: int, decisions: list[store.RaceDecision] | None = None,
+               unit: str = "GPU-hours") -> str:
     """'Trained 12 runs, 0.01 GPU-hours: 50% of the 24 runs (0.02 GPU-hours) of 6 fixed seeds a cell', and with a
     claims race's `decisions`, what the seeds not run bought: a saving is said only for the claims it decided
     (6 fixed seeds a cell test every claim with at least the race's power)."""
@@ -99,8 +102,8 @@ def spent_line(views: list[RunView], n_max: int, decisions: list[store.RaceDecis
     spent = sum(sum(s) for s in cells.values()) / 3600
     fixed = sum(sum(s) / len(s) * n_max for s in cells.values()) / 3600
     share = f"{spent / fixed:.0%} of" if fixed > 0 else "against"
-    line = (f"Trained {len(views)} runs, {spent:.3g} GPU-hours: {share} the {len(cells) * n_max} runs ({fixed:.3g} "
-            f"GPU-hours) of {n_max} fixed seeds a cell")
+    line = (f"Trained {len(views)} runs, {spent:.3g} {unit}: {share} the {len(cells) * n_max} runs ({fixed:.3g} "
+            f"{unit}) of {n_max} fixed seeds a cell")
     last = {d.claim: d for d in decisions or []}  # by round: the last one stands
     if not last:
         return line

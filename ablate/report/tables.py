@@ -14,6 +14,7 @@ from ablate.report.notes import run_notes
 from ablate.results.equal import BEFORE_FIRST, NO_FLOPS, NOT_REACHED
 from ablate.results.cells import read_seeds, split_axes
 from ablate.results.orderings import comparable, noise_floor
+from ablate.results import stats
 from ablate.results.stats import mean_ci
 from ablate.report.views import config_label, varying_axes
 from ablate.results.views import RunView, matches_where, sort_key
@@ -134,7 +135,7 @@ def one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView], extra: 
     known = [(a, floor[a][0]) for a in archs if floor.get(a, (None, 0))[0] is not None]
     if known:
         notes.append("Noise floor (seed std of test loss, pooled over each architecture's configurations, runs under "
-                     f"{spec.report.min_steps} steps left out): " + ", ".join(f"{a} {s:.3f}" for a, s in known)
+                     f"{spec.report.min_steps} steps left out): " + ", ".join(f"{a} {stats.shown(s, 3)}" for a, s in known)
                      + "; differences smaller than that are not wins.")
     notes += run_notes([v for runs in columns.values() for v in runs])
     notes.append("Losses are token-weighted cross-entropy in nats (the studies averaged per-batch means).")

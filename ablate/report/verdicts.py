@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from ablate.config import SweepSpec
 from ablate.report.notes import floor_line, method_line, p_text, side_text, verdict_notes, where_text
+from ablate.results import stats
 from ablate.results.orderings import Claims, label_of
 
 HEAD = ("claim", "at", "better", "worse", "effect (nats) [95% CI]", "p (one-sided)", "adjusted p (two-sided)",
@@ -59,5 +60,5 @@ def verdict_table(spec: SweepSpec, claims: Claims, race: dict[str, str] | None =
                                "" if c is None or c.p is None else p_text(c.p),
                                "" if cell.p_adjusted is None else p_text(cell.p_adjusted),
                                cell.verdict + (f" ({'; '.join(notes)})" if notes else ""),
-                               "" if cell.floor is None else f"{cell.floor:.3f}"])
+                               "" if cell.floor is None else stats.shown(cell.floor, 3)])
     return table

@@ -60,7 +60,14 @@ class Estimate:
         n = f"(n={self.n}; {said})" if said else f"(n={self.n})"
         if self.half_width is None:
             return f"{self.mean:.{digits}f} {n}"
-        return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f} {n}"
+        return f"{self.mean:.{digits}f} ± {shown(self.half_width, digits)} {n}"
+
+
+def shown(x: float, digits: int) -> str:
+    """x to `digits` decimals, but a nonzero x that would round to 0 to one significant figure ('0.004', not the
+    '0.00' that says a spread or a floor is none)."""
+    text = f"{x:.{digits}f}"
+    return f"{x:.1g}" if x != 0 and math.isfinite(x) and float(text) == 0 else text
 
 
 # Student's t through scipy.special's stdtr / stdtrit, the functions scipy.stats.t calls for its cdf, sf and ppf (the

@@ -150,3 +150,12 @@ def test_the_scaling_figure_draws_a_size_of_many_runs_as_its_mean_and_range_and_
     assert "mixer (per size: mean of 21 runs, min–max)" in [t.get_text() for t in ax.get_legend().get_texts()]
     crowded = draw_laws(Laws([law(f"arch{i}", 2) for i in range(11)]), "t").axes[0]
     assert crowded.get_legend() is None and "11 laws" in crowded.get_title()
+
+
+def test_a_spread_or_floor_that_rounds_to_zero_is_shown_to_one_significant_figure():
+    """'± 0.00' and 'noise floor 0.000' said there was no spread where there was a small one."""
+    from ablate.results.stats import Estimate, shown
+
+    assert Estimate(3.71, 3, 0.001, 3.706, 3.714).text() == "3.71 ± 0.004 (n=3)"
+    assert Estimate(3.71, 3, 0.02, 3.66, 3.76).text() == "3.71 ± 0.05 (n=3)"
+    assert (shown(0.0004, 3), shown(0.0, 3), shown(0.0123, 3)) == ("0.0004", "0.000", "0.012")

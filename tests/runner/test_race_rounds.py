@@ -124,6 +124,7 @@ def test_the_reports_and_the_dashboards_claims_read_the_race(tmp_path, sqlite_ur
     assert "Lan-DeMets" in study["race"]["method"] and "fixed seeds a cell" in study["race"]["spent"]
     assert ("; 1 of 2 claims decided, at 2 seeds a side on average where 6 fixed seeds test them with at least the "
             "race's power") in study["race"]["spent"], study["race"]["spent"]
+    assert "CPU-hours" in study["race"]["spent"] and "GPU" not in study["race"]["spent"]  # hardware: cpu
     report = build_report("race", sqlite_url, out=tmp_path / "rep", formats=("md",))
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "**The race** (adaptive seeds)" in md and "| wider is better: 64 < 8 | 1 | 2/2 |" in md, md
