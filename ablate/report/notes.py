@@ -67,6 +67,12 @@ def method_line(claims: Claims) -> str:
             "worst finished loss")
 
 
+def sentence(text: str) -> str:
+    """A claim as a sentence: its own closing punctuation, or a full stop (the report's next sentence follows)."""
+    text = text.rstrip()
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
 def check_orderings(spec: SweepSpec, views: list[RunView], claims: Claims | None = None) -> list[str]:
     """For each published ordering in the spec: each configuration pair's test loss on both sides (mean, 95%
     interval, n, what was left out), the effect with its interval, p and the verdict; then the verdicts counted."""
@@ -77,13 +83,13 @@ def check_orderings(spec: SweepSpec, views: list[RunView], claims: Claims | None
     for order in spec.report.orderings:
         cells = claims.of(order)
         if not cells:
-            lines.append(f"Study: {order.claim} Here: {claims.why_none(order)}.")
+            lines.append(f"Study: {sentence(order.claim)} Here: {claims.why_none(order)}.")
             continue
         counts: dict[str, int] = {}
         for c in cells:
             counts[c.verdict] = counts.get(c.verdict, 0) + 1
         tally = ", ".join(f"{n} {verdict}" for verdict, n in counts.items())
-        lines.append(f"Study: {order.claim} Here, test loss{measured}: "
+        lines.append(f"Study: {sentence(order.claim)} Here, test loss{measured}: "
                      + "; ".join(cell_text(c) for c in cells)
                      + f". Verdicts: {tally} (of {len(cells)}).")
     return lines

@@ -380,3 +380,11 @@ def test_a_claim_whose_side_matches_no_run_names_that_side_and_the_method_says_n
     both = _synthetic({("mixer", 64): [("pending", None)], ("llama", 32): [("pending", None)]})
     (line,) = check_orderings(spec, both)  # both sides ran, never at one d_model: no side is missing
     assert "no pair of runs to compare yet" in line
+
+
+def test_a_claim_without_its_full_stop_does_not_run_into_the_next_sentence():
+    from ablate.report.notes import sentence
+
+    assert sentence("every-block position input is detrimental (masked-mixers-1.md)") == (
+        "every-block position input is detrimental (masked-mixers-1.md).")
+    assert sentence("wider is better. ") == "wider is better." and sentence("does it hold?") == "does it hold?"
