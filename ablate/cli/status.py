@@ -132,26 +132,30 @@ def _status_cells(r: Any) -> dict[str, Any]:
     return {**row, "options": ",".join(f"{k}={v}" for k, v in row["options"].items())}
 
 
-def sweep_view(engine: Any, name: str) -> Callable[[], Table]:
-    """The status table of a running sweep, titled with how many of its runs have finished."""
+def sweep_view(engine: Any, name: str, at_once: int = 1) -> Callable[[], Table]:
+    """The status table of a running sweep, titled with how many of its runs have finished and about how long the
+    rest will take (results.status.eta)."""
     from ablate import store
-    from ablate.results.status import status_view
+    from ablate.results.status import eta, status_view
 
     def render() -> Table:
         rows, counts = status_view(engine, name, STATUS_ROWS)
         finished = sum(n for status, n in counts.items() if status in store.FINISHED)
-        return runs_table(rows, title=f"sweep {name}: {finished}/{sum(counts.values())} finished", counts=counts)
+        left = eta(engine, name, at_once)
+        title = f"sweep {name}: {finished}/{sum(counts.values())} finished" + (f" · {left}" if left else "")
+        return runs_table(rows, title=title, counts=counts)
 
     return render
 
 
-def watch(render: Callable[[], Table], done: Any, engine: Any, name: str) -> None:
-    """The live table on a terminal; otherwise a status line whenever it changes, then the table."""
+def watch(render: Callable[[], Table], done: Any, engine: Any, name: str, at_once: int = 1) -> None:
+    """The live table on a terminal; otherwise a status line whenever the counts change (with the time left),
+    then the table."""
     import time
 
     from rich.live import Live
 
-    from ablate.results.status import status_counts
+    from ablate.results.status import eta, status_counts
 
     if console.is_terminal:
         with Live(render(), console=console, refresh_per_second=2) as live:
@@ -163,6 +167,7 @@ def watch(render: Callable[[], Table], done: Any, engine: Any, name: str) -> Non
     while not done.wait(5.0):
         line = ", ".join(f"{n} {status}" for status, n in status_counts(engine, name).items())
         if line != last:
-            console.print(f"[{time.strftime('%H:%M:%S')}] {line}")
+            left = eta(engine, name, at_once)
+            console.print(f"[{time.strftime('%H:%M:%S')}] {line}" + (f" · {left}" if left else ""))
             last = line
     console.print(render())

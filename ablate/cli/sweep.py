@@ -159,7 +159,8 @@ def run(spec: str, max_trials: int, gpu_slots: int | None, retry_failed: bool, m
         flow_params["registered"] = runner.Registration.of(parsed, sweep_id, ids)
     else:  # the flow registers the spec again, as it would on a cluster
         flow_params.update(merge=merge, **{k: v for k, v in overrides.items() if v is not None})
-    return _run_flow(flow_params, engine, parsed.name, resume=_resume_command(spec, overrides, db))
+    return _run_flow(flow_params, engine, parsed.name, resume=_resume_command(spec, overrides, db),
+                     at_once=max(1, gpu_slots // gpus))
 
 
 for _command in (register, run, status, watch_cmd, cancel):
@@ -190,7 +191,7 @@ def _quiet_prefect() -> None:
     os.environ.setdefault(PREFECT_START_TIMEOUT, str(PREFECT_START_SECONDS))
 
 
-def _run_flow(flow_params: dict[str, Any], engine: Any, name: str, resume: str) -> int:
+def _run_flow(flow_params: dict[str, Any], engine: Any, name: str, resume: str, at_once: int = 1) -> int:
     """The sweep flow in a thread, the live table here; Ctrl-C or SIGTERM stop it cleanly (exit 130)."""
     import signal
     import threading
@@ -208,9 +209,9 @@ def _run_flow(flow_params: dict[str, Any], engine: Any, name: str, resume: str) 
     worker = threading.Thread(target=_flow_thread, args=(sweep, server, flow_params, result, done), daemon=True)
     worker.start()
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the sweep as cleanly as Ctrl-C
-    render = sweep_view(engine, name)
+    render = sweep_view(engine, name, at_once)
     try:
-        watch(render, done, engine, name)
+        watch(render, done, engine, name, at_once)
     except KeyboardInterrupt:
         runner.STOP.set()  # run_trial SIGTERMs its trainer (checkpoint, `preempted`); no new trial starts
         _wait_for_trainers(done, engine, name)

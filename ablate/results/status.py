@@ -114,3 +114,27 @@ def _select() -> sa.Select:
 
 def _sweep_id(engine: sa.Engine, name: str) -> int:
     return store.sweep_named(engine, name, store.Sweep.id).id
+
+
+def eta(engine: sa.Engine, name: str, at_once: int) -> str:
+    """'~9 min left · 1 at a time': the work still owed (runs not started at the mean wall time of the runs finished
+    so far, running ones at what of it is left) over the trials at once; '' before a run has finished."""
+    sid = _sweep_id(engine, name)
+    r = store.Run
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(r.status, r.started_at, r.finished_at).where(r.sweep_id == sid)).all()
+    took = [(f - s).total_seconds() for status, s, f in rows if status in store.FINISHED and s and f and f >= s]
+    if not took:
+        return ""
+    mean, now = sum(took) / len(took), store.utcnow()
+    owed = sum(1 for status, *_ in rows if status in store.OWED_UNSTARTED)
+    running = [max(mean - (now - s).total_seconds(), 0.0) for status, s, _ in rows if status == "running" and s]
+    left = (owed * mean + sum(running)) / max(at_once, 1)
+    return f"{_minutes(left)} left · {at_once} at a time"
+
+
+def _minutes(seconds: float) -> str:
+    if seconds < 60:
+        return "<1 min"
+    minutes = round(seconds / 60)
+    return f"~{minutes} min" if minutes < 90 else f"~{minutes // 60} h {minutes % 60} min"

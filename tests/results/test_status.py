@@ -85,3 +85,27 @@ def test_a_seed_band_is_the_mean_min_and_max_on_the_x_every_seed_reached():
     assert mean_band([a]) is None and mean_band([a, (np.array([20.0]), np.array([1.0]))]) is None  # no common range
     curve = group_curve("d_model=64", [1, 2], {1: a, 2: b})
     assert curve["label"] == "d_model=64 (n=2)" and curve["mean"] == pytest.approx((1.5 * x).tolist())
+
+
+def test_a_sweep_says_how_long_its_owed_runs_will_take_from_those_finished(sqlite_url):
+    """`sweep run`'s live view: 'trial 5/12, ~9 min left, 1 at a time' (a sweep on a busy machine ran 57 min with
+    no estimate). Two runs took 60 s each; one has run 20 s of its 60; three wait: 3 x 60 + 40 = 220 s at once."""
+    from ablate.cli.status import sweep_view
+    from ablate.results.status import eta
+
+    spec, trials = load_trials(REPO / "sweeps" / "smoke.yaml")
+    engine = store.connect(sqlite_url)
+    _, ids = store.register_sweep(engine, spec, trials[:6])
+    assert eta(engine, spec.name, 1) == ""  # nothing finished: no estimate
+    now = store.utcnow()
+    for rid in ids[:2]:
+        store.update_run(engine, rid, status="completed", started_at=now - dt.timedelta(seconds=100),
+                         finished_at=now - dt.timedelta(seconds=40))
+    store.update_run(engine, ids[2], status="running", started_at=now - dt.timedelta(seconds=20), heartbeat_at=now)
+    assert eta(engine, spec.name, 1) == "~4 min left · 1 at a time"  # 220 s
+    assert eta(engine, spec.name, 2) == "~2 min left · 2 at a time"  # 110 s
+    for rid in ids[3:]:
+        store.update_run(engine, rid, status="completed", started_at=now - dt.timedelta(seconds=61), finished_at=now)
+    store.update_run(engine, ids[2], started_at=now - dt.timedelta(seconds=59))
+    assert eta(engine, spec.name, 1) == "<1 min left · 1 at a time"
+    assert sweep_view(engine, spec.name)().title.startswith("sweep smoke: 5/6 finished · <1 min left · 1 at a time")
