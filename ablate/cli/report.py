@@ -46,6 +46,11 @@ def report(sweep: str, out: str | None, formats: str, compare: tuple[str, ...], 
         built = build_comparison([sweep, *compare], db, folder, formats=kinds, artifacts=artifacts)
     else:
         built = build_report(sweep, db, folder, formats=kinds, artifacts=artifacts, at=at, group=axes)
+    if built.answer:  # the answer first, in words; the tables and the tests' numbers after it
+        console.print("[bold]The answer.[/]")
+        for line in built.answer:
+            console.print(f"- {escape(line)}")
+        console.print()
     for table in built.tables:
         console.print(escape(table.markdown()))
         console.print()

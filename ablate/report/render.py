@@ -21,6 +21,7 @@ from ablate import store
 from ablate.config import SweepSpec, TableSpec
 from ablate.config.errors import AblateError
 from ablate.report.curves import draw_curves, plan_curves, write_curve_points
+from ablate.report.answer import answer
 from ablate.report.notes import check_orderings, floor_line, recipe_lines
 from ablate.report.race import RaceTable, apply_race, read_race
 from ablate.report.reading import at_note, with_reading, write_tables_csv
@@ -50,6 +51,7 @@ class Report:
     out: Path
     files: list[Path]
     orderings: list[str] = field(default_factory=list)
+    answer: list[str] = field(default_factory=list)  # each claim's verdict as a sentence (report/answer.py)
     scaling: list[str] = field(default_factory=list)
     claims: Claims | None = None  # the orderings' comparisons, verdicts and noise floor (claims.csv)
     floor: str | None = None  # the noise floor line, where orderings were checked
@@ -100,6 +102,7 @@ class Page:
     of_runs: str  # which runs the completions are, when not every run with a checkpoint
     figures: Figures
     race: RaceTable | None = None  # an adaptive sweep's decisions, round by round
+    answer: list[str] = field(default_factory=list)  # each claim's verdict as a sentence: the page opens with it
 
 
 def build_report(sweep: str, url: str | None = None, out: Path | None = None,
@@ -185,7 +188,7 @@ def _render(engine: sa.Engine, spec: SweepSpec, views: list[RunView], tables: li
     with parts("files"):
         files = _write_files(page, laws, figures, stored, sweeps, formats)
     return Report(sweep=spec.name, tables=tables, figures=figures.files, out=out, files=files,
-                  orderings=page.orderings, claims=page.claims, floor=page.floor, scaling=page.scaling,
+                  orderings=page.orderings, answer=page.answer, claims=page.claims, floor=page.floor, scaling=page.scaling,
                   method=page.verdicts.method if page.verdicts and page.claims.cells else None, seconds=dict(parts))
 
 
@@ -260,13 +263,14 @@ def _page(spec: SweepSpec, views: list[RunView], tables: list[Table], out: Path,
     return Page(spec=spec, tables=tables, out=out, summary=_summary(views), recipe=recipe, orderings=orderings,
                 claims=claims, floor=floor_line(claims) if claims.cells else None,
                 verdicts=verdict_table(spec, claims, race[1]), scaling=scaling, samples=samples,
-                of_runs=of_runs, figures=figures, race=race[0])
+                of_runs=of_runs, figures=figures, race=race[0], answer=answer(spec, claims))
 
 
 def render_markdown(page: Page) -> str:
     """report.md: the tables in markdown, each with its figure (the png beside it) and caption."""
     spec = page.spec
     md = [f"# {spec.name}", "", spec.description, "", page.summary, ""]
+    md += ["**The answer.**", "", *(f"- {line}" for line in page.answer), ""] if page.answer else []
     md += [f"{line}  " for line in page.recipe] + ([""] if page.recipe else [])
     md += [page.verdicts.markdown(), ""] if page.verdicts else []
     md += [page.race.markdown(), ""] if page.race else []
@@ -297,7 +301,8 @@ def render_html(page: Page) -> str:
     shown = [{"table": t, "png": figures.embedded[i] if i < len(figures.embedded) else None,
               "caption": figures.captions[i] if i < len(figures.embedded) else ""} for i, t in enumerate(page.tables)]
     return _templates().get_template("report.html.j2").render(
-        name=page.spec.name, description=page.spec.description, summary=page.summary, recipe=page.recipe,
+        name=page.spec.name, description=page.spec.description, summary=page.summary, answer=page.answer,
+        recipe=page.recipe,
         verdicts=page.verdicts, race=page.race, tables=shown, prompt=page.spec.report.prompt, of_runs=page.of_runs,
         samples=page.samples, scaling=page.scaling, scaling_png=figures.scaling, together=figures.together)
 

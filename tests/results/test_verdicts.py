@@ -388,3 +388,28 @@ def test_a_claim_without_its_full_stop_does_not_run_into_the_next_sentence():
     assert sentence("every-block position input is detrimental (masked-mixers-1.md)") == (
         "every-block position input is detrimental (masked-mixers-1.md).")
     assert sentence("wider is better. ") == "wider is better." and sentence("does it hold?") == "does it hold?"
+
+
+def test_the_answer_says_who_is_lower_by_how_much_how_sure_and_what_of_the_claim():
+    """'mixer < llama ... reversed' was a double negative: each claim cell's verdict is one sentence, and when no
+    claim is decided the answer says so and which block would decide them."""
+    from ablate.report.answer import answer
+
+    llama_lower = {("mixer", 64): [("completed", x) for x in (2.50, 2.52, 2.51)],
+                   ("llama", 64): [("completed", x) for x in (2.10, 2.12, 2.11)],
+                   ("mixer", 128): [("completed", x) for x in (2.00, 2.01, 2.02)],
+                   ("llama", 128): [("completed", x) for x in (2.20, 2.21, 2.22)]}
+    spec = _spec()
+    lines = answer(spec, check_claims(spec, _synthetic(llama_lower)))
+    assert lines[0].startswith("Claim 1: llama is lower than mixer at d_model=64 by 0.400 nats [")
+    assert lines[0].endswith("adjusted p < 0.001: the study's claim is reversed here."), lines[0]
+    assert lines[1].startswith("Claim 1: mixer is lower than llama at d_model=128 by 0.200 nats [")
+    assert lines[1].endswith(": the study's claim holds here."), lines[1]
+    assert len(lines) == 2  # decided: no advice
+    tied = {("mixer", 64): [("completed", x) for x in (2.10, 2.30, 2.20)],
+            ("llama", 64): [("completed", x) for x in (2.15, 2.35, 2.05)]}
+    (line, advice) = answer(spec, check_claims(spec, _synthetic(tied)))
+    assert "mixer and llama are not told apart at d_model=64: " in line and "neither the study's claim nor" in line
+    assert advice.startswith("No claim is decided") and "`adaptive: {seeds: {min: 2, max: 10}}`" in advice
+    (none,) = answer(spec, check_claims(spec, _synthetic({("mixer", 64): [("completed", 2.0)] * 2})))
+    assert none.startswith("Claim 1: ") and "llama" in none, none
