@@ -29,6 +29,7 @@ FRESH = 30.0  # seconds: a kept study this recent is shown though runs finished 
 def study(engine: sa.Engine, sweep: str, live: Any = None) -> dict[str, Any]:
     """The report's comparison tables and its claims table, by the report's own code; `live`: the sweep's
     LiveViews, held by the caller between reads (default: every run read now)."""
+    from ablate.report.answer import answer
     from ablate.report.race import apply_race, read_race
     from ablate.report.tables import layout_tables
     from ablate.report.verdicts import verdict_table
@@ -51,7 +52,7 @@ def study(engine: sa.Engine, sweep: str, live: Any = None) -> dict[str, Any]:
             "claims": None if table is None else {"head": list(table.head), "rows": table.rows,
                                                   "statements": table.statements, "method": table.method,
                                                   "floor": table.floor},
-            "verdicts": verdicts,
+            "verdicts": verdicts, "answer": answer(spec, claims) if table is not None else [],
             "race": None if race is None else {"head": list(race.head), "rows": race.rows, "spent": race.spent,
                                                "method": race.method},
             "read_at": store.utcnow().isoformat(" ", "seconds") + " UTC"}

@@ -44,6 +44,11 @@ def test_the_sweep_page_lists_draws_follows_and_filters_in_a_real_browser(ui_db,
         points = int(wait_for(lambda: chart.get_attribute("data-points"), what="the chart's points"))
         assert points > 20 and int(chart.get_attribute("data-series")) == 4  # 4 configurations, seeds as bands
         wait_for(lambda: "Method: Welch" in driver.find_element(By.ID, "study").text, what="the study's claims table")
+        said = driver.find_element(By.ID, "answer").text  # the answer in words, at the top of the page
+        assert said.startswith("Claim 1: ") and " nats [" in said and "the study's claim" in said, said
+        assert driver.find_element(By.ID, "answer-section").location["y"] < chart.location["y"]
+        heads = [h.text for h in driver.find_elements(By.CSS_SELECTOR, "#study h3")]
+        assert heads[0] == "Claims against the study" and len(heads) > 1, heads  # the claims before the tables
         assert _cell(driver, running, "steps") == "200"
         assert float(chart.get_attribute("data-xmax")) == 400  # the other configurations' last eval
 

@@ -200,6 +200,18 @@ async function loadStudy(sweep) {
   const data = await get("/api/study?" + query({sweep}));
   const box = $("study");
   box.textContent = "";
+  const said = data.answer || [];  // each claim's verdict as a sentence, at the top of the page
+  $("answer").textContent = "";
+  for (const line of said) $("answer").appendChild(el("li", line));
+  $("answer-section").hidden = !said.length;
+  const claims = data.claims;  // the claims first: what the sweep was run to tell
+  if (claims) {
+    box.appendChild(el("h3", "Claims against the study"));
+    box.appendChild(verdictTable(claims.head, claims.rows, claims.head.indexOf("verdict"), "grid study verdicts"));
+    for (const line of claims.statements) box.appendChild(el("p", line, {class: "claim hint"}));
+    box.appendChild(el("p", "Method: " + claims.method + ".", {class: "hint"}));
+    if (claims.floor) box.appendChild(el("p", claims.floor, {class: "hint"}));
+  }
   for (const t of data.tables) {
     box.appendChild(el("h3", t.title));
     const table = el("table", null, {class: "grid study"});
@@ -214,14 +226,6 @@ async function loadStudy(sweep) {
     }
     box.appendChild(table);
     for (const n of t.notes) box.appendChild(el("p", n, {class: "hint"}));
-  }
-  const claims = data.claims;
-  if (claims) {
-    box.appendChild(el("h3", "Claims against the study"));
-    box.appendChild(verdictTable(claims.head, claims.rows, claims.head.indexOf("verdict"), "grid study verdicts"));
-    for (const line of claims.statements) box.appendChild(el("p", line, {class: "claim hint"}));
-    box.appendChild(el("p", "Method: " + claims.method + ".", {class: "hint"}));
-    if (claims.floor) box.appendChild(el("p", claims.floor, {class: "hint"}));
   }
   const race = data.race;  // an adaptive sweep: each claim's rounds, the statistic against its boundary
   if (race) {
