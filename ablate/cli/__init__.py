@@ -4,7 +4,8 @@ Built on click: the issue proposed typer as the library "which Prefect already i
 its own command line on cyclopts and brings click, not typer; click is the one that is really there. One module
 per command group: plan; sweep (register, run, status, cancel; its tables in status); search; report (report,
 generate, retrieval); db (db, sql, models); cluster (worker, deploy); check (the model contract). common holds what
-they share: --db, the spec overrides, the launch flags, the output helpers. Shell completion comes with click:
+they share: --db, the spec overrides, the launch flags, the output helpers; api is the Python door
+(`ablate.sweep(SPEC)`: plan, run, status, report by the same code). Shell completion comes with click:
 `eval "$(_ABLATE_COMPLETE=bash_source ablate)"` (zsh_source, fish_source).
 """
 
