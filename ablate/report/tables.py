@@ -110,7 +110,7 @@ def one_table(spec: SweepSpec, tspec: TableSpec, members: list[RunView], extra: 
         rows.append(("Train time (s)", [_range_cell([r.row.train_seconds for r in runs], "{:.0f}") for runs in cols]))
     if any(getattr(r.row, "final_eval_accuracy", None) is not None for runs in cols for r in runs):
         rows.append(("Test accuracy", [_loss_cell(runs, "final_eval_accuracy", mixed) for runs in cols]))
-    notes = _uncertainty_notes(cols, spec.report.min_steps, short)
+    notes = _uncertainty_notes(cols, spec.report.min_steps, short) + _speed_notes(cols, labels)
     if any(label == TRAIN_ROUTING_ROW for label, _ in rows):
         notes.append(f"{TRAIN_ROUTING_ROW}: the routed runs' test split once more with top-k routing over each whole "
                      "sequence, as they train: later tokens decide which earlier ones a block computes, so it is not "
@@ -241,6 +241,26 @@ def _uncertainty_notes(cols: list[list[RunView]], min_steps: int, short: list[bo
         notes.append(f"†: a run of this cell trained fewer than {min_steps} steps (report.min_steps): too few to "
                      "compare; the orderings leave it out.")
     return notes
+
+
+SPEED_SPREAD = 2.0  # seeds of one configuration this many times apart in tokens/s: the machine's load, not theirs
+
+
+def _speed_notes(cols: list[list[RunView]], labels: list[str]) -> list[str]:
+    """A cell whose seeds (one configuration, one shape) trained more than SPEED_SPREAD times apart in tokens/s:
+    the machine was busier for some, so whatever is read in seconds measures the machine as much as the model."""
+    said = []
+    for label, runs in zip(labels, cols):
+        speeds = [r.row.tokens_per_second for r in runs if r.row.status == "completed"
+                  and (getattr(r.row, "tokens_per_second", None) or 0) > 0]
+        if len(speeds) > 1 and max(speeds) > SPEED_SPREAD * min(speeds):
+            said.append(f"{label}: {min(speeds):,.0f}–{max(speeds):,.0f} tokens/s ({max(speeds) / min(speeds):.1f}×)")
+    if not said:
+        return []
+    return [f"Speed: seeds of one configuration trained more than {SPEED_SPREAD:g}× apart in tokens/s ("
+            + "; ".join(said) + "): the machine's load differed between them, so their seconds (Train time, a "
+            "wall-clock budget, a seconds axis) measure the machine as much as the architecture; steps and tokens "
+            "do not."]
 
 
 def _epochs_of(runs: list[RunView]) -> list[float]:

@@ -413,3 +413,20 @@ def test_the_answer_says_who_is_lower_by_how_much_how_sure_and_what_of_the_claim
     assert advice.startswith("No claim is decided") and "`adaptive: {seeds: {min: 2, max: 10}}`" in advice
     (none,) = answer(spec, check_claims(spec, _synthetic({("mixer", 64): [("completed", 2.0)] * 2})))
     assert none.startswith("Claim 1: ") and "llama" in none, none
+
+
+def test_seeds_of_one_configuration_trained_at_very_different_speeds_are_said_beside_their_seconds():
+    """On a shared machine a report compared runs trained at load 8 with runs at load 47: when the seeds of one
+    configuration differ more than 2x in tokens/s, the table says their seconds measure the machine."""
+    views = _synthetic({("mixer", 64): [("completed", x) for x in (2.00, 2.02, 2.04)],
+                        ("llama", 64): [("completed", x) for x in (2.20, 2.21, 2.22)]})
+    for v, speed in zip(views, (1000.0, 1200.0, 2900.0, 5000.0, 5100.0, 5200.0)):
+        v.row.tokens_per_second = speed
+    spec = _spec(tables=[{"group_by": [], "columns": "architecture"}])
+    (table,) = layout_tables(spec, views)
+    (note,) = [n for n in table.notes if n.startswith("Speed:")]
+    assert "mixer: 1,000–2,900 tokens/s (2.9×)" in note and "llama" not in note, note
+    for v in views[:3]:
+        v.row.tokens_per_second = 1500.0
+    (table,) = layout_tables(spec, views)
+    assert not [n for n in table.notes if n.startswith("Speed:")]
