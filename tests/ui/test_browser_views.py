@@ -153,6 +153,8 @@ def test_a_selection_charts_its_runs_and_compares_them(ui_db):
         _shot(driver, "compare")
         driver.get(f"{base}/run/{first}")
         wait_for(lambda: driver.find_element(By.ID, "chart").get_attribute("data-series") == "2", what="a run's curves")
+        key = driver.find_element(By.ID, "chart-legend")  # which colour is which split
+        assert [i.text for i in key.find_elements(By.CSS_SELECTOR, ".key-item")] == ["train", "eval"], key.text
         _shot(driver, "run")
 
 

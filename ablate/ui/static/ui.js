@@ -143,6 +143,8 @@ async function runPage() {
     const data = await get("/api/run/" + run + "/curves?" + query({x: $("x").value}));
     const series = [...data.train.map((s) => ({...s, label: "train"})), ...data.eval.map((s) => ({...s, label: "eval"}))];
     drawChart($("chart"), series, {...chartOptions(), ylabel: "loss"});
+    // the key: which colour is the train loss, which the eval loss
+    drawLegend($("chart-legend"), {color: "split", colors: JSON.parse($("chart").dataset.colors || "{}")});
   }
   for (const id of ["x", "logx", "logy"]) $(id).addEventListener("change", () => curves().catch(fail));
   $("sample-form").addEventListener("submit", async (e) => {
