@@ -193,5 +193,8 @@ def test_a_search_draws_trials_as_points_the_best_so_far_and_slices(ui_db):
         slices = driver.find_elements(By.CSS_SELECTOR, "#slices .slice")
         assert {s.get_attribute("data-param") for s in slices} == {"heads", "lr"}
         wait_for(lambda: all(s.find_elements(By.TAG_NAME, "canvas") for s in slices), what="the slice plots")
+        ticks = driver.execute_script("""const u = document.querySelector('#slices .slice[data-param="heads"]')._plots[0];
+                                         return u.axes[0]._values;""")  # a categorical's ticks: its choices, not 0, 1, 2
+        assert "4" in ticks and set(ticks) - {""} <= {"1", "2", "4"}, ticks
         assert "importances need" in driver.find_element(By.ID, "importances").text  # 2 completed trials: too few
         _shot(driver, "search")

@@ -107,7 +107,8 @@ function plotOne(panel, built, opts, width, height, yrange) {
     width, height,
     scales: {x: {time: false, distr: opts.logx ? 3 : 1, range: opts.integerX ? (u, lo, hi) => [lo - 0.5, hi + 0.5] : undefined},
              y: {distr: opts.logy ? 3 : 1, range: yrange ? () => yrange : undefined}},
-    axes: [opts.integerX ? {label: opts.xlabel, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]} : {label: opts.xlabel},
+    axes: [opts.xticks ? {label: opts.xlabel, incrs: [1], values: (u, splits) => splits.map((v) => opts.xticks[v] ?? "")}
+           : opts.integerX ? {label: opts.xlabel, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]} : {label: opts.xlabel},
            {label: opts.ylabel}],
     legend: {show: false},
     focus: {alpha: 0.2},

@@ -66,7 +66,8 @@ function trialSeries(data) {
   return out;
 }
 
-// the value against each parameter (completed trials; a categorical parameter's choices at 0, 1, ...)
+// the value against each parameter (completed trials; a categorical parameter's choices at 0, 1, ..., each tick
+// labelled with its choice)
 function slices(data) {
   const box = $("slices");
   box.textContent = "";
@@ -80,7 +81,8 @@ function slices(data) {
     const xlabel = p + (kind.choices ? " (" + kind.choices.join(", ") + ")" : kind.log ? " (log)" : "");
     drawChart(chart, [{label: p, x: order.map((o) => o[0]), mean: order.map((o) => o[1]), low: null, high: null,
                        color: COMPLETE, points: true}], {logx: Boolean(kind.log), logy: false, xlabel, ylabel: "value",
-                                                         integerX: Boolean(kind.choices)});
+                                                         integerX: Boolean(kind.choices),
+                                                         xticks: kind.choices ? kind.choices.map(String) : null});
   }
 }
 
