@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from ablate.cli.common import ARTIFACTS_HELP, about, console, db_option, greedy
+from ablate.cli.common import ARTIFACTS_HELP, about, console, db_option, err_console, greedy
 
 
 @click.command(cls=greedy("--compare"), **about("the studies' tables and loss curves for a sweep",
@@ -45,7 +45,8 @@ def report(sweep: str, out: str | None, formats: str, compare: tuple[str, ...], 
             raise AblateError("--at and --group read one sweep; --compare puts sweeps side by side as they ended")
         built = build_comparison([sweep, *compare], db, folder, formats=kinds, artifacts=artifacts)
     else:
-        built = build_report(sweep, db, folder, formats=kinds, artifacts=artifacts, at=at, group=axes)
+        built = build_report(sweep, db, folder, formats=kinds, artifacts=artifacts, at=at, group=axes,
+                             progress=lambda line: err_console.print(line, highlight=False))
     if built.answer:  # the answer first, in words; the tables and the tests' numbers after it
         console.print("[bold]The answer.[/]")
         for line in built.answer:

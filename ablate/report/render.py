@@ -10,6 +10,7 @@ import contextlib
 import functools
 import io
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,15 +61,27 @@ class Report:
 
 
 class Parts(dict):
-    """CPU seconds of this process per part of a report, as `with parts("tables"): ...` (bench/db.py prints them)."""
+    """CPU seconds of this process per part of a report, as `with parts("tables"): ...` (bench/db.py prints them);
+    `say`: told each part as it starts, with the seconds the last one took (`ablate report`'s progress)."""
+
+    def __init__(self, say: Callable[[str], None] | None = None) -> None:
+        super().__init__()
+        self.say = say
+        self.wall = time.monotonic()
 
     @contextlib.contextmanager
     def __call__(self, name: str):
+        if self.say is not None:
+            self.say(f"report: {PART_WORDS.get(name, name)} ({time.monotonic() - self.wall:.0f} s so far)")
         start = time.process_time()
         try:
             yield
         finally:
             self[name] = self.get(name, 0.0) + time.process_time() - start
+
+
+PART_WORDS = {"load": "reading the runs", "tables": "the tables", "figures": "drawing the curves",
+              "scaling": "fitting the scaling laws", "claims": "testing the claims", "files": "writing the files"}
 
 
 @dataclass
@@ -108,12 +121,12 @@ class Page:
 def build_report(sweep: str, url: str | None = None, out: Path | None = None,
                  formats: tuple[str, ...] = FORMATS, skip: tuple[str, ...] = (),
                  artifacts: str | Path | None = None, at: str | None = None,
-                 group: tuple[str, ...] | None = None) -> Report:
+                 group: tuple[str, ...] | None = None, progress: Callable[[str], None] | None = None) -> Report:
     """The report of one sweep, laid out as its spec's `report` block says (`artifacts`: where the runs'
-    checkpoints are, for the prompt completions; `at`, `group`: over the block's, see reading.py). Reads the
-    database, never writes it."""
+    checkpoints are, for the prompt completions; `at`, `group`: over the block's, see reading.py; `progress`: told
+    each part as it starts). Reads the database, never writes it."""
     engine = store.reader(url)
-    parts = Parts()
+    parts = Parts(progress)
     with long_lived() as loaded:
         with parts("load"):
             spec, views = load_views(engine, sweep)

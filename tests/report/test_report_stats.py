@@ -68,7 +68,9 @@ def test_a_real_cpu_sweep_with_three_seeds_prints_a_verdict_for_each_ordering(tm
 
     assert list(results.claims("seeds3", url)["verdict"]) == [cell.verdict]  # the notebook's numbers are the report's
     assert cli.main(["report", "seeds3", "--db", url, "--out", str(tmp_path / "cli"), "--format", "md"]) == 0
-    assert f"→ {cell.verdict}" in capsys.readouterr().out.replace("\n", " ")
+    said = capsys.readouterr()
+    assert f"→ {cell.verdict}" in said.out.replace("\n", " ")
+    assert "report: reading the runs (0 s so far)" in said.err and "report: testing the claims (" in said.err  # progress
 
 
 def test_a_sweep_whose_losses_follow_a_known_law_is_fitted_back_by_the_report(tmp_path):
