@@ -40,14 +40,12 @@ def scale(planned: tuple[int, ...], n_max: int, level: float, spending: str, q: 
     """The factor on the nominal level of a look whose sides' standard errors are in ratio q (None: unknown,
     taken as equal) in a race of `planned` rounds to n_max seeds a side at this level."""
     lam0, floor = calibrated(tuple(planned), n_max, round(level, 12), spending)
-    if q is None or q <= LOW:
-        return lam0
-    return lam0 * (1.0 - (1.0 - floor) * min(math.log(q / LOW) / math.log(HIGH / LOW), 1.0))
+    return lam0 if q is None or q <= LOW else lam0 * float(_shrink(q, floor))
 
 
 def _shrink(q, floor: float):
-    """`scale`'s factor over λ0 for an array of ratios: 1 up to q = LOW, `floor` from q = HIGH on, log-linear
-    between."""
+    """`scale`'s factor over λ0 (q: a ratio or an array of them): 1 up to q = LOW, `floor` from q = HIGH on,
+    log-linear between."""
     import numpy as np
 
     x = np.clip(np.log(q / LOW) / math.log(HIGH / LOW), 0.0, 1.0)
