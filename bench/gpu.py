@@ -13,6 +13,8 @@ gets a share of the time left, the unused time of the parts before it included, 
     trainer     ablate's trainer against a bare loop on the same model, and the share of a fixed budget that is
                 training steps
     memory      the context-memory table: one unbatched forward+backward, mixer vs Llama, context 512..4096
+    fused       seeds fused into one process (ablate/train/fused.py) against one after another and K processes
+                packed, at d 256 and 512, k = 4, 8, 16: tokens/s per GPU and each member's loss against its solo run
     orderings   the studies' orderings at a reduced budget (widths: flat mixer vs Llama at d 256/512; heads: 4 vs
                 16), through the real trainer and a SQLite results DB, with the report's verdicts
     profile     torch.profiler over the slowest architecture's step: what costs most
@@ -42,8 +44,8 @@ from bench.gpu_report import markdown
 REPO = Path(__file__).resolve().parent.parent
 
 # name, share of the time (a part's unused time goes to the parts after it); GRACE: how long a part may overrun
-PARTS: list[tuple[str, float]] = [("env", 0.02), ("tests", 0.26), ("throughput", 0.22), ("trainer", 0.14),
-                                  ("memory", 0.04), ("orderings", 0.27), ("profile", 0.05)]
+PARTS: list[tuple[str, float]] = [("env", 0.02), ("tests", 0.24), ("throughput", 0.19), ("trainer", 0.12),
+                                  ("memory", 0.04), ("fused", 0.14), ("orderings", 0.21), ("profile", 0.04)]
 GRACE = 20.0
 RESERVE = 15.0  # seconds kept for writing the results at the end
 

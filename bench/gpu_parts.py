@@ -306,10 +306,11 @@ def profile(part: Part) -> None:
 
 
 def main() -> int:
+    from bench.gpu_fused import fused
     from bench.gpu_orderings import orderings
 
     parts = {"env": env, "tests": tests, "throughput": throughput, "trainer": trainer, "memory": memory,
-             "orderings": orderings, "profile": profile}
+             "fused": fused, "orderings": orderings, "profile": profile}
     p = argparse.ArgumentParser(prog="python -m bench.gpu_parts")
     p.add_argument("name", choices=list(parts))
     p.add_argument("--rows", required=True)

@@ -41,6 +41,9 @@ SECTIONS = [
                                                               "wall_s", "share", "steps", "off_clock", "data_wait",
                                                               "mfu"]),
     ("memory", "Context memory (MB): one unbatched forward+backward, no LM head", None),
+    ("fused", "Fused groups against one after another and K processes packed", [
+        "arch", "d_model", "layers", "context", "batch", "precision", "k", "alone_tok_s", "fused_tok_s",
+        "fused_vs_alone", "packed_tok_s", "packed_vs_alone", "loss_rel_diff", "peak_mb", "fused", "error"]),
     ("orderings", "Orderings: runs", ["id", "architecture", "d_model", "heads", "seed", "status", "steps",
                                       "final_eval_loss", "tokens_per_second", "mfu", "precision", "peak_memory_mb",
                                       "train_seconds", "startup_seconds", "error"]),
@@ -94,6 +97,11 @@ def _goals(parts: dict[str, Any]) -> list[str]:
             worst = min(r[key] for r in found)
             rows.append([label, f">= {goal:.0%}" if key == "share" else f">= {goal}x",
                          ", ".join(f"{r['arch']} {_fmt(r[key], key)}" for r in found), _verdict(worst, goal)])
+    from bench.gpu_fused import goal_row  # torch-free
+
+    fused = goal_row(parts.get("fused", {}).get("rows") or [])
+    if fused:
+        rows.append(fused)
     claims = [r for r in parts.get("orderings", {}).get("rows") or [] if r.get("kind") == "claim"]
     if claims:
         rows.append(["studies' claims at a reduced budget", "a verdict each",

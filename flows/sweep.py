@@ -73,6 +73,25 @@ def trial(run_id: int, launch: LaunchOptions | None = None, retry_failed: bool =
     return status
 
 
+@flow(name="fused")
+def fused(run_ids: list[int], launch: LaunchOptions | None = None) -> Any:
+    """Claim the runs and train them as one fused group in one trainer process (ablate/runner/groups.py); their
+    statuses. Failed when any member failed, Cancelled when any was cancelled, as the trial flow says of one."""
+    opts = launch or LaunchOptions(warm=False)
+    try:
+        statuses = runner.run_group(run_ids, opts)
+    except Exception as exc:  # a host-level fault before or after the claims (given back)
+        raise TrialFailed(tagged(f"runs {run_ids}: {one_line(exc, 'the worker log')}")) from exc
+    get_run_logger().info("fused runs %s: %s", run_ids, statuses)
+    failed = [rid for rid, status in statuses.items() if status == "failed"]
+    if failed:
+        engine = store.connect(opts.db_url)
+        raise TrialFailed("; ".join(f"run {rid} failed: {_reason(engine, rid)}" for rid in failed))
+    if "cancelled" in statuses.values():
+        return Cancelled(message=f"runs {[r for r, s in statuses.items() if s == 'cancelled']} were cancelled")
+    return statuses
+
+
 TRIAL_PARAMETERS = frozenset(inspect.signature(trial.fn).parameters)  # what a trial deployment may store
 
 
@@ -100,7 +119,7 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
           source: str | None = None, vocab_size: int | None = None, name: str | None = None,
           merge: bool = False, prepare_data: bool = True, holdout: int | None = None, gpus: int | None = None,
           hardware: str | None = None, set: list[str] | None = None,  # noqa: A002 - the parameter users type
-          registered: runner.Registration | None = None) -> Any:
+          registered: runner.Registration | None = None, fuse: str | None = None) -> Any:
     """Run every trial of a sweep file that is not finished yet; returns {run id: status}.
 
     Overrides without editing the file (`prefect deployment run sweep/NAME --param budget=10m`): `budget`
@@ -113,7 +132,8 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
     starts). `threads`: torch threads per trainer process; default, the cores other jobs leave free, shared by
     the trials at once. `registered`: the sweep as `ablate sweep run` registered it from `spec` a moment before
     (its data built, its runs written): the flow runs those runs, without reading and registering the spec again
-    (the overrides, `merge` and `prepare_data` are then what that registration used).
+    (the overrides, `merge` and `prepare_data` are then what that registration used). `fuse`: train the runs
+    here in fused groups (off, seeds, shapes, auto: ablate/config/fusion.py); default, the spec's `fuse:`.
     """
     log = get_run_logger()
     try:
@@ -123,6 +143,8 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
             registered = _register(log, spec, opts, use_deployments, merge, prepare_data, {
                 "budget": budget, "source": source, "holdout": holdout, "vocab_size": vocab_size, "gpus": gpus,
                 "hardware": hardware, "name": name, "set": set})
+        if fuse is not None:
+            registered = registered.model_copy(update={"fuse": _fuse_mode(fuse)})
         return _sweep(log, registered, opts, gpu_slots, retry_failed, use_deployments)
     except (AblateError, TrialsFailed) as exc:  # the reason as a log line: `prefect deployment run --watch` shows it
         log.error("%s", exc)
@@ -179,14 +201,14 @@ def _train(log: Any, registered: runner.Registration, opts: LaunchOptions, gpu_s
                   if r.id in run_ids and r.id not in todo and r.status == "running"]
         done = dispatch_to_pool(registered.hardware, todo, opts, engine, log, attach=attach)
     else:
-        done = _run_here(registered.gpus, todo, opts, gpu_slots, engine)
+        done = _run_here(registered, todo, opts, gpu_slots, engine)
     from ablate.runner.race import is_adaptive
 
     if is_adaptive(engine, name):  # the claims decide the next seeds, round after round
         def run(ids: list[int]) -> Any:
             if use_deployments:
                 return dispatch_to_pool(registered.hardware, ids, opts, engine, log)
-            return _run_here(registered.gpus, ids, opts, gpu_slots, engine)
+            return _run_here(registered, ids, opts, gpu_slots, engine)
 
         _race(log, engine, name, done, run, retry_failed)
     return done
@@ -214,39 +236,45 @@ def _race(log: Any, engine: Any, name: str, done: Any, run: Any, retry_failed: b
             time.sleep(environment().dispatch_poll_seconds)
 
 
-def _run_here(gpus_per_trial: int, todo: list[int], opts: LaunchOptions, gpu_slots: int,
+def _run_here(registered: runner.Registration, todo: list[int], opts: LaunchOptions, gpu_slots: int,
               engine: Any) -> Any:
-    """The trials as nested flow runs of this process: one per slot at a time, each slot its own GPUs."""
+    """The trials as nested flow runs of this process: one per slot at a time, each slot its own GPUs; under
+    `fuse`, each fused group as one flow run in one slot (ablate/runner/groups.py)."""
     from flows.dispatch import Dispatched
 
+    gpus_per_trial = registered.gpus
     slots = max(1, gpu_slots // gpus_per_trial)
-    opts = opts.but(threads=opts.threads or runner.default_threads(min(slots, max(1, len(todo))), gpus_per_trial))
-    warm = len(todo) > 1  # one helper for all of them (ablate/runner/warm.py); a single trial starts cold
+    groups = runner.plan_groups(engine, todo, registered.fuse, runner.visible_gpus())
+    opts = opts.but(threads=opts.threads or runner.default_threads(min(slots, max(1, len(groups))), gpus_per_trial))
+    warm = len(groups) > 1  # one helper for all of them (ablate/runner/warm.py); a single trial starts cold
     done = Dispatched()
 
-    def one(rid: int, gpu_ids: list[int] | None) -> None:
+    def one(group: list[int], gpu_ids: list[int] | None) -> None:
         # a failed trial is in its row, read below; one that failed before claiming it says why in its state
-        state = trial(rid, opts.but(gpu_ids=gpu_ids, warm=warm), return_state=True)
-        done.dispatches[rid] += 1
-        if state.is_failed():
-            done.failures[rid] = [first_error(state)]
-        done.results[rid] = store.get_run(engine, rid).status
+        launch = opts.but(gpu_ids=gpu_ids, warm=warm)
+        state = (trial(group[0], launch, return_state=True) if len(group) == 1
+                 else fused(group, launch, return_state=True))
+        for rid in group:
+            done.dispatches[rid] += 1
+            if state.is_failed():
+                done.failures[rid] = [first_error(state)]
+            done.results[rid] = store.get_run(engine, rid).status
 
     if slots == 1:
-        for rid in todo:
+        for group in groups:
             if runner.STOP.is_set():  # the user stopped the sweep: no new trial starts
                 break
-            one(rid, None)
+            one(group, None)
         return done
-    queue = list(todo)
+    queue = list(groups)
 
     def drain(gpu_ids: list[int]) -> None:  # one trial per slot at a time, each with its own CUDA_VISIBLE_DEVICES
         while not runner.STOP.is_set():
             try:
-                rid = queue.pop(0)  # list.pop is atomic under the GIL
+                group = queue.pop(0)  # list.pop is atomic under the GIL
             except IndexError:
                 return
-            one(rid, gpu_ids)
+            one(group, gpu_ids)
 
     with ThreadPoolExecutor(max_workers=slots) as pool:
         for f in [pool.submit(drain, list(range(s * gpus_per_trial, (s + 1) * gpus_per_trial))) for s in range(slots)]:
@@ -255,6 +283,12 @@ def _run_here(gpus_per_trial: int, todo: list[int], opts: LaunchOptions, gpu_slo
     return done
 
 
+def _fuse_mode(fuse: str) -> str:
+    from ablate.config.fusion import FUSE_MODES
+
+    if fuse not in FUSE_MODES:
+        raise AblateError(f"fuse: {fuse!r} is not one of {', '.join(FUSE_MODES)}")
+    return fuse
 
 
 def _final(done: Any, engine: Any, name: str) -> Any:

@@ -129,11 +129,14 @@ def watch_cmd(name: str, poll: float, start_timeout: float, db: str | None) -> i
 @click.option("--max-trials", type=int, default=10_000)
 @click.option("--gpu-slots", type=int, default=None, help="trials at once (default: GPUs visible, 1 on CPU)")
 @click.option("--retry-failed", is_flag=True, help="also re-run cancelled runs and failed runs past 3 attempts")
+@click.option("--fuse", type=click.Choice(("off", "seeds", "shapes", "auto")), default=None,
+              help="train runs of one shape in fused groups, one process each (docs/fused.md; default: the spec's "
+                   "`fuse:`, else off)")
 @launch_flags(threads_help="torch threads per trainer (default: the cores other jobs leave free / trials at once)")
 @override_options()
 @db_option()
-def run(spec: str, max_trials: int, gpu_slots: int | None, retry_failed: bool, merge: bool, db: str | None,
-        **params: Any) -> int:
+def run(spec: str, max_trials: int, gpu_slots: int | None, retry_failed: bool, fuse: str | None, merge: bool,
+        db: str | None, **params: Any) -> int:
     """Run the `sweep` flow in-process (Prefect's ephemeral API) with a live table of runs."""
     require_prefect("ablate sweep run")
     _quiet_prefect()
@@ -154,7 +157,7 @@ def run(spec: str, max_trials: int, gpu_slots: int | None, retry_failed: bool, m
     opts = opts.but(threads=opts.threads or runner.default_threads(max(1, gpu_slots // gpus), gpus))
     console.print(f"sweep {parsed.name}: {len(ids)} trials, {parsed.budget.describe()} each, {opts.threads} thread(s) "
                   f"per trainer; results in {store.describe_url(str(engine.url))}")
-    flow_params = dict(spec=str(spec), **opts.flow_fields(), gpu_slots=gpu_slots, retry_failed=retry_failed)
+    flow_params = dict(spec=str(spec), **opts.flow_fields(), gpu_slots=gpu_slots, retry_failed=retry_failed, fuse=fuse)
     if len(ids) <= PASSED_RUNS:  # the flow runs what was just registered
         flow_params["registered"] = runner.Registration.of(parsed, sweep_id, ids)
     else:  # the flow registers the spec again, as it would on a cluster

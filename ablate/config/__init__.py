@@ -7,6 +7,7 @@
                   ablate.objectives register the built-ins there)
     trial.py      TrialConfig and its fingerprint, recipes
     launch.py     LaunchOptions: how a worker starts trainers (not a trial's identity), carried whole to them
+    fusion.py     fused groups: which trials may train together in one process, and why a trial may not
     sweep.py      SweepSpec and its blocks: search, report, reference, retrieval
     grid.py       grid expansion into trials
     load.py       load_spec / parse_spec / load_trials: a sweep file, with overrides, validated

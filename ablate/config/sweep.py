@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from ablate.config.adaptive import AdaptiveBlock
 from ablate.config.data import DatasetRef, PairsRef, TokenizerRef
 from ablate.config.errors import did_you_mean, one_of
+from ablate.config.fusion import FuseMode
 from ablate.config.trial import GRID_FIELDS, TrialConfig, fingerprint
 from ablate.config.units import X_KINDS, Budget, EvalPlan, Frozen, LaterFields, Real, Whole, parse_at
 
@@ -304,6 +305,9 @@ class SweepSpec(Frozen):
     plugins: list[str] = Field(default_factory=list)
     # what overrides changed from the file (apply_overrides), in words: plan and the report print them
     overrides: tuple[str, ...] = ()
+    # how a runner may train the trials: in fused groups (ablate/config/fusion.py); never part of the sweep's
+    # identity (a member equals its solo run), `--fuse` on `ablate sweep run` overrides it
+    fuse: FuseMode = "off"
 
     @model_validator(mode="before")
     @classmethod
@@ -324,6 +328,7 @@ class SweepSpec(Frozen):
     def fingerprint(self) -> str:
         data = self.model_dump(mode="json")
         del data["overrides"]  # a description of the changes, not one: the changed fields are in the spec
+        del data["fuse"]  # how the runs train, not what they learn
         if not data["plugins"]:  # sweeps of built-ins keep their identity (the trials carry each plugin's code)
             del data["plugins"]
         if data["adaptive"] is None:  # as do sweeps that race no claims

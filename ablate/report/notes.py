@@ -29,9 +29,22 @@ def run_notes(views: list[RunView]) -> list[str]:
             elsewhere.setdefault((hw.get("profile"), hw.get("device"), hw.get("memory_cap_mb")), []).append(v.row.id)
     for (profile, device, cap), ids in elsewhere.items():
         capped = f", memory capped at {cap / 1024:g} GB" if cap else ""
-        notes.append(f"Hardware: run(s) {', '.join(map(str, ids[:10]))}{' …' if len(ids) > 10 else ''} ran on "
-                     f"{device}, not the sweep's {profile}{capped}; speeds and wall-clock budgets differ from the study.")
+        notes.append(f"Hardware: run(s) {_ids(ids)} ran on {device}, not the sweep's {profile}{capped}; speeds and "
+                     "wall-clock budgets differ from the study.")
+    fused = {}
+    for v in views:
+        group = (v.row.notes or {}).get("fused") if isinstance(v.row.notes, dict) else None
+        if isinstance(group, dict) and group.get("members"):
+            fused.setdefault(group["members"], []).append(v.row.id)
+    for k, ids in sorted(fused.items()):
+        notes.append(f"Fused: run(s) {_ids(ids)} trained {k} at a time in one process as one batched model, each "
+                     "with its own seed, data order, schedule and budget (equal to its solo run up to rounding); its "
+                     "seconds and tokens/s are its group's time.")
     return notes
+
+
+def _ids(ids: list[int]) -> str:
+    return f"{', '.join(map(str, ids[:10]))}{' …' if len(ids) > 10 else ''}"
 
 
 def recipe_lines(views: list[RunView]) -> list[str]:

@@ -1,4 +1,5 @@
-"""What a trial's trainer is started with: the worker's LaunchOptions (ablate/config/launch.py) as the trainer's argv."""
+"""What a trial's trainer is started with: the worker's LaunchOptions (ablate/config/launch.py) as the trainer's argv;
+a fused group's the same way, with its runs."""
 
 from __future__ import annotations
 
@@ -17,3 +18,9 @@ def trainer_command(trial: TrialConfig, run_id: int, opts: LaunchOptions) -> lis
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc_per_node={trial.budget.gpus}", *args]
     return [sys.executable, *args]
+
+
+def group_command(run_ids: list[int], opts: LaunchOptions) -> list[str]:
+    """`python -m ablate.train --run-ids A,B,C --launch JSON`: the runs as one fused group (ablate/train/fused.py)."""
+    return [sys.executable, "-m", "ablate.train", "--run-ids", ",".join(str(r) for r in run_ids),
+            "--launch", opts.for_trainer()]

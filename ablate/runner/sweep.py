@@ -69,12 +69,13 @@ class Registration(BaseModel):
     run_ids: list[int]  # the runs of the spec's trials, in trial order
     gpus: int = 1  # per trial
     hardware: str = "cpu"
+    fuse: str = "off"  # the spec's fused groups (ablate/config/fusion.py)
 
     @classmethod
     def of(cls, spec: Any, sweep_id: int, run_ids: list[int]) -> Registration:
         """From what `register` returns."""
         return cls(sweep_id=sweep_id, name=spec.name, run_ids=run_ids, gpus=spec.budget.gpus,
-                   hardware=spec.budget.hardware)
+                   hardware=spec.budget.hardware, fuse=spec.fuse)
 
 
 def distinct_data(trials: list[TrialConfig]) -> list[TrialConfig]:

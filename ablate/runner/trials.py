@@ -62,7 +62,7 @@ def run_trial(run_id: int, opts: LaunchOptions, should_stop: Callable[[], bool] 
                          finished_at=store.utcnow())
         return "failed"
     try:  # anything between the claim and the trainer's start (a read-only or full artifacts disk) gives the run back
-        log_path, env = _trainer_setup(engine, run_id, claimant, opts)
+        log_path, env = trainer_setup(engine, run_id, claimant, opts)
         with open(log_path, "ab") as log:  # the trainer writes through its own copy of the file
             proc = start_trainer(trainer_command(trial, run_id, opts), env, log, log_path, opts.artifacts,
                                  opts.warm, families=(trial.architecture,))
@@ -70,22 +70,25 @@ def run_trial(run_id: int, opts: LaunchOptions, should_stop: Callable[[], bool] 
         release(engine, run_id, claimant, exc)
         raise
     store.update_run(engine, run_id, claimant=claimant, pid=proc.pid)  # the trainer beats the claim's heartbeat
+    return classify(engine, run_id, wait_for(proc, should_stop, poll_seconds), log_path, claimant)
+
+
+def wait_for(proc: Any, should_stop: Callable[[], bool] | None, poll_seconds: float) -> int:
+    """The trainer's exit code; SIGTERM (it checkpoints) once `STOP` or `should_stop` says so, or this runner is
+    interrupted."""
     try:
         while True:
             try:
-                code = proc.wait(timeout=poll_seconds)
-                break
+                return proc.wait(timeout=poll_seconds)
             except subprocess.TimeoutExpired:
                 if STOP.is_set() or (should_stop is not None and should_stop()):
-                    code = _stop(proc)
-                    break
+                    return _stop(proc)
     except BaseException:
         _stop(proc)
         raise
-    return classify(engine, run_id, code, log_path, claimant)
 
 
-def _trainer_setup(engine: sa.Engine, run_id: int, claimant: str, opts: LaunchOptions) -> tuple[Path, dict[str, str]]:
+def trainer_setup(engine: sa.Engine, run_id: int, claimant: str, opts: LaunchOptions) -> tuple[Path, dict[str, str]]:
     """The claimed run's log file (made here: its folder may fail to be made) and its trainer's environment."""
     log_dir = opts.artifacts / "logs" / store.database_id(engine)[:16]  # run ids restart in every database
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ablate.train", description="train one run to its budget and record it")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--run-id", type=int, help="train this run of the results DB")
+    src.add_argument("--run-ids", type=_ids, help="train these runs of the results DB as one fused group "
+                     "(comma-separated; ablate/train/fused.py)")
     src.add_argument("--config", help="a trial config as JSON (or @file.json); nothing is recorded without --run-id")
     p.add_argument("--db", default=None, help="results database URL (default: $ABLATE_DB_URL or results/ablate.db)")
     p.add_argument("--launch", default=None, help="the worker's LaunchOptions as JSON (what the runner passes; "
@@ -53,6 +55,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: every core)")
     return p
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"run ids are integers separated by commas, e.g. 3,4,5 (got {text!r})") from None
+    if len(set(ids)) != len(ids) or not ids:
+        raise argparse.ArgumentTypeError(f"each run once (got {text!r})")
+    return ids
 
 
 def launch_of(args: argparse.Namespace) -> LaunchOptions:
@@ -91,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if not isinstance(sys.stderr, Unfailing):
         sys.stdout, sys.stderr = Unfailing(sys.stdout), Unfailing(sys.stderr)
+    if args.run_ids is not None:
+        return main_group(args)
     dist_ = _init_dist()
     engine = claimant = None
     try:
@@ -129,6 +143,48 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if dist_.distributed and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def main_group(args: argparse.Namespace) -> int:
+    """`--run-ids`: the runs as one fused group, each under the runner's claim; 0 when every run has its outcome,
+    SPLIT_EXIT when the group ran out of memory (each member checkpointed, to be trained again in smaller groups)."""
+    from ablate.train.fused import SPLIT_EXIT, OutOfMemory, train_group
+
+    engine = store.connect(args.db)
+    claimant = environment().claimant
+    db_id = store.database_id(engine)
+    trials, settings = [], []
+    try:
+        for run_id in args.run_ids:
+            run = store.get_run(engine, run_id)
+            if claimant is None or run.claimed_by != claimant:
+                raise AblateError(f"run {run_id} is claimed by {run.claimed_by}, not by the runner that started this "
+                                  "fused group (ABLATE_CLAIMANT): a group is started by its runner only")
+            trials.append(stored.ensure(TrialConfig.model_validate(run.config)))
+            settings.append(TrainerSettings.launched(launch_of(args), db_url=args.db, run_id=run_id,
+                                                     resume=not args.no_resume, device=args.device,
+                                                     claimant=claimant, db_id=db_id))
+        outcomes = train_group(trials, settings)
+    except OutOfMemory as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return SPLIT_EXIT
+    except Exception as exc:  # noqa: BLE001 - recorded on every member's row still ours: none stays `running`
+        if not isinstance(exc, AblateError):
+            traceback.print_exception(exc, file=sys.stderr)
+        message = store.redact(one_line(exc, whole_log()))
+        for run_id in args.run_ids:
+            try:
+                if store.get_run(engine, run_id).status == "running":  # not a member that has its outcome
+                    store.update_run(engine, run_id, claimant=claimant, status="failed", error=message, pid=None,
+                                     finished_at=store.utcnow())
+            except Exception:  # noqa: BLE001, S110 - the database itself may be the problem
+                pass
+        print(f"error: {message}", file=sys.stderr)
+        return 2 if isinstance(exc, AblateError) else 1
+    for run_id, outcome in zip(args.run_ids, outcomes):
+        print(json.dumps({"run_id": run_id, **{k: v for k, v in outcome.items() if k not in ("notes", "finished_at")}},
+                         default=str))
+    return 0 if all(o["status"] in ("completed", "oom", "diverged") for o in outcomes) else 3
 
 
 def _claim(engine: Any, run: store.Run, dist_: Dist) -> str | None:

@@ -71,6 +71,9 @@ class Recorder:
         self.stop_reason: str | None = None  # why this trainer was told to stop: "cancelled" or "orphaned"
         self._stop_beating = threading.Event()
         self._runner_pid = environment().runner_pid
+        # how this trainer is told to stop: SIGTERM to its process (it checkpoints); a fused group's member is
+        # stopped alone instead (ablate/train/fused.py)
+        self.on_stop: Any = lambda: os.kill(os.getpid(), signal.SIGTERM)
         # read as the trainer starts, not at import (a warm helper's forked trainer has its own environment)
         self.heartbeat_every, self.cancel_grace = store.heartbeat_seconds(), environment().cancel_grace_seconds
         if self.engine is not None and self.claimant is not None:
@@ -102,7 +105,7 @@ class Recorder:
                     self.stop_reason = "orphaned"
                 if self.stop_reason is not None:
                     told_at = time.monotonic()
-                    os.kill(os.getpid(), signal.SIGTERM)
+                    self.on_stop()
 
     def close(self) -> None:
         self._stop_beating.set()

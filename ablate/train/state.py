@@ -40,6 +40,7 @@ class TrainerSettings:
     threads: int | None = None  # torch intra-op threads; None: torch's default (every core)
     claimant: str | None = None  # the claim this process trains under (store.claim_run); writes are fenced by it
     db_id: str | None = None  # the results database's identity: keys this run's artifacts
+    notes: dict[str, Any] | None = None  # set on the run's notes as it starts (a group that did not fuse says why)
 
     @classmethod
     def launched(cls, launch: LaunchOptions, **rest: Any) -> TrainerSettings:

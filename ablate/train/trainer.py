@@ -81,8 +81,9 @@ class Trainer:
 
     # ---------------------------------------------------------------- setup
 
-    def build(self) -> None:
-        """The token cache, the model inside its objective (DDP, compile), the optimizer and the schedule."""
+    def build(self, fused: bool = False) -> None:
+        """The token cache, the model inside its objective (DDP, compile), the optimizer and the schedule. `fused`:
+        a member of a fused group (ablate/train/fused.py), whose step is the group's: neither compiled nor in DDP."""
         trial, settings, device = self.trial, self.settings, self.device
         self.prepared = data_mod.prepare(trial.dataset, trial.tokenizer, trial.context, settings.artifacts,
                                          progress=settings.progress and self.dist.is_main,
@@ -109,7 +110,7 @@ class Trainer:
         # num_train_epochs / max_steps (the studies' runs were planned that way, and stopped by hand at a wall clock)
         self.along_horizon = bud.schedule_position(trial) if trial.horizon is not None else None
 
-        self.compiled = trial.compile if trial.compile is not None else device.type == "cuda"
+        self.compiled = not fused and (trial.compile if trial.compile is not None else device.type == "cuda")
         self.optimizer = make_optimizer(self.model, trial, device, compiling=self.compiled)
         self.step_optimizer = self.optimizer.step if self.compiled else plain_step(self.optimizer)
         self.scaler = torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
@@ -142,6 +143,7 @@ class Trainer:
             set_rng_state(state["rng"])
             self.resumed = True
             del state  # the model's copy (the optimizer holds its own tensors)
+        self.progress.notes.update(self.settings.notes or {})
         # points past the checkpoint (or, starting from step 0, every point of earlier attempts) are logged anew
         self.recorder.forget_after(self.progress.step if self.resumed else -1)
 

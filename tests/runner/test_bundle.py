@@ -162,7 +162,7 @@ def test_a_bundle_installs_offline_beside_the_nodes_torch_and_the_node_check_run
     data = json.loads((results / "results.json").read_text())
     parts = data["parts"]
     assert {name: p["status"] for name, p in parts.items()} == dict.fromkeys(
-        ("env", "tests", "throughput", "trainer", "memory", "orderings", "profile"), "ok")
+        ("env", "tests", "throughput", "trainer", "memory", "fused", "orderings", "profile"), "ok")
     env_row = parts["env"]["rows"][0]
     assert env_row["ablate_from"].startswith(str(node)) and env_row["torch_from"].startswith(str(node))
     assert data["commit"] == info["commit"] and data["commit_from"] in ("git", "bundle.json")
@@ -172,7 +172,9 @@ def test_a_bundle_installs_offline_beside_the_nodes_torch_and_the_node_check_run
     assert any("CUDA only" in why for why in skipped)
     claims = [r for r in parts["orderings"]["rows"] if r.get("kind") == "claim"]
     assert len(claims) == 3 and all(r["verdict"] for r in claims)
+    fused = parts["fused"]["rows"]  # seeds fused in one process against one after another (~30 s at CPU sizes)
+    assert fused and all(r.get("fused") and r["fused_tok_s"] > 0 and float(r["loss_rel_diff"]) < 1e-4 for r in fused)
     md = (results / "results.md").read_text()
-    for section in ("## Goals", "## CUDA tests", "## Throughput", "## Orderings: claims", "## Skipped"):
+    for section in ("## Goals", "## CUDA tests", "## Throughput", "## Fused groups", "## Orderings: claims", "## Skipped"):
         assert section in md
     assert sorted(p.name for p in results.iterdir()) == ["gpu-tests.xml", "log.txt", "results.json", "results.md"]
