@@ -3,6 +3,7 @@ a SQLite results DB, with the report's verdicts (bench/gpu-studies.yaml; at CPU 
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -75,7 +76,9 @@ def _rows(part: Any, name: str, url: str) -> None:
                "tokens_per_second", "mfu", "precision", "peak_memory_mb", "train_seconds", "startup_seconds",
                "device_name", "error")
     for run in results.runs(name, url).to_dict("records"):
-        part.row(kind="run", **{c: _plain(run.get(c)) for c in columns})
+        notes = json.loads(run["notes"]) if isinstance(run.get("notes"), str) else (run.get("notes") or {})
+        # MFU counts real tokens: beside it, the share of the trained positions that were real (not padding)
+        part.row(kind="run", **{c: _plain(run.get(c)) for c in columns}, real_tokens=notes.get("real_token_share"))
     for claim in results.claims(name, url).to_dict("records"):
         part.row(kind="claim", **{k: _plain(v) for k, v in claim.items()})
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from bench.gpu_fused import goal_row
+
 GOALS = {"mfu": 0.40, "trainer": 0.97, "share": 0.97}
 
 
@@ -45,7 +47,8 @@ SECTIONS = [
         "arch", "d_model", "layers", "context", "batch", "precision", "k", "alone_tok_s", "fused_tok_s",
         "fused_vs_alone", "packed_tok_s", "packed_vs_alone", "loss_rel_diff", "peak_mb", "fused", "error"]),
     ("orderings", "Orderings: runs", ["id", "architecture", "d_model", "heads", "seed", "status", "steps",
-                                      "final_eval_loss", "tokens_per_second", "mfu", "precision", "peak_memory_mb",
+                                      "final_eval_loss", "tokens_per_second", "mfu", "real_tokens", "precision",
+                                      "peak_memory_mb",
                                       "train_seconds", "startup_seconds", "error"]),
     ("orderings", "Orderings: claims", ["claim", "better_mean", "better_n", "worse_mean", "worse_n", "effect", "p",
                                         "p_adjusted", "verdict", "better_left_out", "worse_left_out"]),
@@ -97,8 +100,6 @@ def _goals(parts: dict[str, Any]) -> list[str]:
             worst = min(r[key] for r in found)
             rows.append([label, f">= {goal:.0%}" if key == "share" else f">= {goal}x",
                          ", ".join(f"{r['arch']} {_fmt(r[key], key)}" for r in found), _verdict(worst, goal)])
-    from bench.gpu_fused import goal_row  # torch-free
-
     fused = goal_row(parts.get("fused", {}).get("rows") or [])
     if fused:
         rows.append(fused)

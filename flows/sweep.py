@@ -21,6 +21,7 @@ from prefect import flow, get_run_logger
 from prefect.states import Cancelled
 
 from ablate import runner, store
+from ablate.config.fusion import FUSE_MODES
 from ablate.config.launch import LaunchOptions, launch_options
 from ablate.config.errors import AblateError, one_line
 from ablate.runner.keeper import StudyKeeper, keep_final
@@ -268,7 +269,7 @@ def _run_here(registered: runner.Registration, todo: list[int], opts: LaunchOpti
         return done
     queue = list(groups)
 
-    def drain(gpu_ids: list[int]) -> None:  # one trial per slot at a time, each with its own CUDA_VISIBLE_DEVICES
+    def drain(gpu_ids: list[int] | None) -> None:  # one trial per slot at a time, each with its CUDA_VISIBLE_DEVICES
         while not runner.STOP.is_set():
             try:
                 group = queue.pop(0)  # list.pop is atomic under the GIL
@@ -276,16 +277,15 @@ def _run_here(registered: runner.Registration, todo: list[int], opts: LaunchOpti
                 return
             one(group, gpu_ids)
 
-    with ThreadPoolExecutor(max_workers=slots) as pool:
-        for f in [pool.submit(drain, list(range(s * gpus_per_trial, (s + 1) * gpus_per_trial))) for s in range(slots)]:
+    with ThreadPoolExecutor(max_workers=slots) as pool:  # the slots take the GPU groups in turn (--trials-per-gpu)
+        for f in [pool.submit(drain, gpu_ids) for gpu_ids in runner.slot_devices(slots, gpus_per_trial,
+                                                                                 runner.visible_gpus())]:
             f.result()
     done.results = {rid: done.results[rid] for rid in todo if rid in done.results}
     return done
 
 
 def _fuse_mode(fuse: str) -> str:
-    from ablate.config.fusion import FUSE_MODES
-
     if fuse not in FUSE_MODES:
         raise AblateError(f"fuse: {fuse!r} is not one of {', '.join(FUSE_MODES)}")
     return fuse

@@ -20,13 +20,17 @@ from ablate.config.settings import environment
               show_default=False, help="GPUs each trial gets (the sweeps' budget.gpus; default $ABLATE_GPUS_PER_TRIAL "
                                        "or 1)")
 @click.option("--slots", type=int, default=1, help="without GPUs: trials at once (default 1)")
+@click.option("--trials-per-gpu", type=click.IntRange(1, 64), default=lambda: environment().trials_per_gpu,
+              show_default=False, help="trials sharing each GPU group, each capped at its share of the GPU's memory "
+                                       "(under MPS, of its SMs too; default $ABLATE_TRIALS_PER_GPU or 1)")
 @click.option("--host", default=lambda: environment().worker_host, show_default=False,
               help="the name this machine goes by in the pool (default $ABLATE_WORKER_HOST or its hostname)")
 @db_option(expose=False)
-def worker(pool: str, gpus_per_trial: int, slots: int, host: str | None) -> int:
+def worker(pool: str, gpus_per_trial: int, slots: int, trials_per_gpu: int, host: str | None) -> int:
     """Prefect workers for a work pool on this machine: one per group of --gpus-per-trial GPUs, each running at
-    most one trial at a time on its own CUDA_VISIBLE_DEVICES (no two trials share a GPU); on a machine without
-    GPUs, one worker running --slots trials at once. They poll the pool's default queue and this host's own
+    most --trials-per-gpu trials at a time (default one: no two trials share a GPU) on its own CUDA_VISIBLE_DEVICES,
+    each trainer capped at its share of the GPU; on a machine without GPUs, one worker running --slots trials at
+    once. They poll the pool's default queue and this host's own
     (where a sweep sends a run that another host failed). Stops them all on Ctrl-C / SIGTERM."""
     require_prefect("ablate worker")
     from ablate import runner
@@ -39,7 +43,8 @@ def worker(pool: str, gpus_per_trial: int, slots: int, host: str | None) -> int:
     if not re.fullmatch(r"[A-Za-z0-9._]+(-[A-Za-z0-9._]+)*", host) or len(host) > 100:
         raise AblateError(f"--host {host!r}: write letters, digits, '.', '_' and single '-' (at most 100), e.g. gpu-a")
     groups = gpu_groups(gpus_per_trial)
-    limit = 1 if groups else slots
+    limit = trials_per_gpu if groups else slots
+    os.environ["ABLATE_TRIALS_PER_GPU"] = str(trials_per_gpu if groups else 1)  # its trainers' share (train/device.py)
     wait_for_api(say=lambda line: console.print(line, highlight=False))
     check_host(pool, host)  # refuses, in one line, before taking any work (flows/health.py)
     ensure_host_queue(pool, runner.host_queue(host))

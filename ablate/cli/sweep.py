@@ -127,7 +127,10 @@ def watch_cmd(name: str, poll: float, start_timeout: float, db: str | None) -> i
 @click.argument("spec")
 @assignments_argument()
 @click.option("--max-trials", type=int, default=10_000)
-@click.option("--gpu-slots", type=int, default=None, help="trials at once (default: GPUs visible, 1 on CPU)")
+@click.option("--gpu-slots", type=int, default=None,
+              help="trials at once (default: GPUs visible x --trials-per-gpu, 1 on CPU)")
+@click.option("--trials-per-gpu", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="trainers sharing each GPU, each capped at its share of the GPU's memory (under MPS, of its SMs too)")
 @click.option("--retry-failed", is_flag=True, help="also re-run cancelled runs and failed runs past 3 attempts")
 @click.option("--fuse", type=click.Choice(("off", "seeds", "shapes", "auto")), default=None,
               help="train runs of one shape in fused groups, one process each (docs/fused.md; default: the spec's "
@@ -135,15 +138,16 @@ def watch_cmd(name: str, poll: float, start_timeout: float, db: str | None) -> i
 @launch_flags(threads_help="torch threads per trainer (default: the cores other jobs leave free / trials at once)")
 @override_options()
 @db_option()
-def run(spec: str, max_trials: int, gpu_slots: int | None, retry_failed: bool, fuse: str | None, merge: bool,
-        db: str | None, **params: Any) -> int:
+def run(spec: str, max_trials: int, gpu_slots: int | None, trials_per_gpu: int, retry_failed: bool,
+        fuse: str | None, merge: bool, db: str | None, **params: Any) -> int:
     """Run the `sweep` flow in-process (Prefect's ephemeral API) with a live table of runs."""
     require_prefect("ablate sweep run")
     _quiet_prefect()
     from ablate import runner, store
 
     if gpu_slots is None:
-        gpu_slots = max(1, runner.visible_gpus())
+        gpu_slots = max(1, runner.visible_gpus() * trials_per_gpu)
+    os.environ["ABLATE_TRIALS_PER_GPU"] = str(trials_per_gpu)  # its trainers' share of a GPU (train/device.py)
     overrides = overrides_of(params)
     # the URL goes by environment, not as a flow parameter (Prefect stores those in plain text)
     opts = launch_of(params, db_url=None)

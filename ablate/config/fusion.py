@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Literal
 
+from ablate.config import registry
+
 if TYPE_CHECKING:
     from ablate.config.trial import TrialConfig
 
@@ -36,15 +38,8 @@ def refusal(trial: TrialConfig) -> str | None:
         return "a memory probe trains nothing"
     if trial.budget.gpus > 1:
         return f"a {trial.budget.gpus}-GPU trial trains under torchrun (DDP), one process per GPU"
-    if trial.budget.wall_clock is not None:
-        return ("a wall-clock budget is what a solo run gets in that time on its device; fused, the members share the "
-                "device's time: give the budget as steps, tokens or FLOPs")
     if trial.on_oom == "shrink":
         return "on_oom: shrink changes a member's micro-batch alone, and a group's members step together"
-    if trial.precision == "fp16":
-        return "fp16 needs a loss scale per member (one scaler would skip every member's step when one overflows)"
-    from ablate.config import registry
-
     options = registry.options_module(trial.architecture)
     if not getattr(options, "FUSES", True):
         return getattr(options, "FUSE_NOTE", f"{trial.architecture} does not fuse")
@@ -68,8 +63,6 @@ def group_key(trial: TrialConfig, mode: str) -> str | None:
 def step_flops(trial: TrialConfig) -> float:
     """The training FLOPs of one optimizer step of a trial (6N + 3 x token mixing per position, every position of
     every row), from its family's closed-form counts (a tokenizer of unknown size counted at 32,000)."""
-    from ablate.config import registry
-
     family = registry.families()[trial.architecture]
     params = family.param_count(trial, trial.tokenizer.vocab_size or 32_000)
     per_token = 6.0 * params + 3.0 * family.mixing_flops_per_token(trial)
@@ -79,8 +72,6 @@ def step_flops(trial: TrialConfig) -> float:
 def pays(trial: TrialConfig, gpus: int) -> bool:
     """Whether `auto` fuses this trial here: a GPU, and a step small enough to be launch-bound (a plugin family
     without a closed-form size is not counted here, where no torch is loaded: it trains alone)."""
-    from ablate.config import registry
-
     if gpus <= 0 or not registry.families()[trial.architecture].closed_form:
         return False
     return step_flops(trial) < AUTO_MAX_STEP_FLOPS

@@ -40,6 +40,9 @@ class Settings(BaseModel):
                                     "pools (its workers, their trials' errors, its trial queue); default its hostname "
                                     "(`ablate worker --host` beats it)")
     gpus_per_trial: int = Field(1, ge=1, description="GPUs each trial gets on `ablate worker` (--gpus-per-trial beats it)")
+    trials_per_gpu: int = Field(1, ge=1, le=64, description="trainers sharing one GPU (`ablate worker` and `ablate sweep "
+                                "run --trials-per-gpu` set it for their trainers): each caps its memory at its share of "
+                                "the GPU, and where the node runs MPS takes its share of the SMs")
     # 0: never; unset or 1 (True): where no GPU is visible; "always": where GPUs are visible too (the node check)
     warm_trainer: bool | Literal["always"] = Field(
         True, description="0: every trainer starts cold; always: forked on GPU hosts too (unset or 1: only where no GPU is visible)")

@@ -31,16 +31,29 @@ def run_notes(views: list[RunView]) -> list[str]:
         capped = f", memory capped at {cap / 1024:g} GB" if cap else ""
         notes.append(f"Hardware: run(s) {_ids(ids)} ran on {device}, not the sweep's {profile}{capped}; speeds and "
                      "wall-clock budgets differ from the study.")
-    fused = {}
+    return notes + fused_notes(views)
+
+
+def fused_notes(views: list[RunView]) -> list[str]:
+    """Runs trained in fused groups (ablate/train/fused.py), and how a fused run read a wall-clock budget."""
+    fused: dict[int, list[int]] = {}
+    read: dict[tuple, list[int]] = {}
     for v in views:
-        group = (v.row.notes or {}).get("fused") if isinstance(v.row.notes, dict) else None
+        notes = v.row.notes if isinstance(v.row.notes, dict) else {}
+        group = notes.get("fused")
         if isinstance(group, dict) and group.get("members"):
             fused.setdefault(group["members"], []).append(v.row.id)
-    for k, ids in sorted(fused.items()):
-        notes.append(f"Fused: run(s) {_ids(ids)} trained {k} at a time in one process as one batched model, each "
-                     "with its own seed, data order, schedule and budget (equal to its solo run up to rounding); its "
-                     "seconds and tokens/s are its group's time.")
-    return notes
+        if isinstance(notes.get("budget_read"), dict):
+            r = notes["budget_read"]
+            read.setdefault((r.get("wall_clock_seconds"), r.get("steps"), r.get("solo_step_seconds"), r.get("device")),
+                            []).append(v.row.id)
+    lines = [f"Fused: run(s) {_ids(ids)} trained {k} at a time in one process as one batched model, each with its own "
+             "seed, data order, schedule and budget (equal to its solo run up to rounding); its seconds and tokens/s "
+             "are its group's time." for k, ids in sorted(fused.items())]
+    lines += [f"Budget read: run(s) {_ids(ids)} trained their {seconds:g} s wall clock as the {steps:,} steps a solo "
+              f"run makes in it on {device} ({step:.3g} s a step, measured by a short solo run)"
+              for (seconds, steps, step, device), ids in read.items()]
+    return lines
 
 
 def _ids(ids: list[int]) -> str:

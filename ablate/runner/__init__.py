@@ -17,7 +17,7 @@ Nothing here imports torch; warm.py's helper imports it only in its own process.
 """
 
 from ablate.runner.host import (busy_cores, cluster_db_url, default_threads, host_cores, host_queue, pid_alive,
-                               visible_gpus, worker_host)
+                               slot_devices, visible_gpus, worker_host)
 from ablate.runner.launch import LaunchOptions, trainer_command
 from ablate.runner.trials import (CLAIMABLE, MAX_ATTEMPTS, STOP, STOP_GRACE_SECONDS, TERMINAL, UNSETTLED, cancel,
                                classify, owed, run_trial, runs_to_do, start_trainer, uncancel)
@@ -27,7 +27,7 @@ from ablate.runner.sweep import (Registration, check_sources, distinct_data, pre
 
 __all__ = ["CLAIMABLE", "MAX_ATTEMPTS", "STOP", "STOP_GRACE_SECONDS", "TERMINAL", "UNSETTLED", "LaunchOptions",
            "Registration", "busy_cores", "cancel", "check_sources", "classify", "cluster_db_url", "default_threads",
-           "distinct_data", "host_cores", "host_queue", "owed", "pid_alive", "plan_groups", "prepare_data", "register", "run_group", "run_trial",
+           "distinct_data", "host_cores", "host_queue", "owed", "pid_alive", "plan_groups", "prepare_data", "register", "run_group", "run_trial", "slot_devices",
            "runs_to_do", "start_trainer", "sweep_id", "sweep_runs",
            "trainer_command", "uncancel", "visible_gpus", "worker_host"]
 

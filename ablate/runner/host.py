@@ -122,3 +122,28 @@ def cluster_db_url(db_url: str | None, database: str) -> str:
         raise AblateError(f"host {here}: its results database {store.redact(url)} is not the sweep's (id {found[:12]}, "
                           f"the sweep's {database[:12]}): point ABLATE_DB_URL at the sweep's database")
     return url
+
+
+def slot_devices(slots: int, gpus_per_trial: int, visible: int) -> list[list[int] | None]:
+    """The GPUs of each of `slots` trial slots on a host with `visible` GPUs: the slots take the groups of
+    `gpus_per_trial` GPUs in turn, so more slots than groups share them (`--trials-per-gpu`: slot s on group s mod
+    groups), and never name a GPU this host lacks; None for every slot without GPUs (no CUDA_VISIBLE_DEVICES)."""
+    groups = visible // gpus_per_trial
+    if groups == 0:
+        return [None] * slots
+    return [list(range((s % groups) * gpus_per_trial, (s % groups + 1) * gpus_per_trial)) for s in range(slots)]
+
+
+def mps_running() -> bool:
+    """Whether this node runs NVIDIA's MPS control daemon (its pipe directory holds a control socket): trainers that
+    share a GPU then run their kernels at once, each on its share of the SMs."""
+    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
+    return (pipe / "control").exists()
+
+
+def sharing_env(trials_per_gpu: int) -> dict[str, str]:
+    """What a trainer that shares its GPU with others gets in its environment: its share of the SMs under MPS."""
+    if trials_per_gpu <= 1 or not mps_running():
+        return {}
+    return {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, 100 // trials_per_gpu))}
+

@@ -20,11 +20,12 @@ from typing import Any
 import sqlalchemy as sa
 
 from ablate import store
-from ablate.runner.host import pid_alive, worker_host
+from ablate.runner.host import pid_alive, sharing_env, worker_host
 from ablate.runner.launch import LaunchOptions, trainer_command
 from ablate.runner.sweep import sweep_runs
 from ablate.config import TrialConfig
 from ablate.config.errors import AblateError
+from ablate.config.settings import environment
 
 MAX_ATTEMPTS = 3  # a failed run is retried by later sweeps until it has had this many attempts
 TERMINAL = ("completed", "oom", "diverged", "failed", "preempted", "cancelled")
@@ -101,6 +102,7 @@ def trainer_setup(engine: sa.Engine, run_id: int, claimant: str, opts: LaunchOpt
         env["OMP_NUM_THREADS"] = str(opts.threads)
     if opts.gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in opts.gpu_ids)
+    env.update(sharing_env(environment().trials_per_gpu))  # several trainers on one GPU: MPS's share of the SMs
     return log_path, env
 
 

@@ -4,6 +4,7 @@
     trainer.py     Trainer: what setup builds, a resumed run's state, one optimizer step, finalize (the outcome)
     fused.py       train_group(): several runs of one shape as one batched model, member by member the loop's phases
     stack.py       a fused group's stacked parameters and moments, its vmapped forward, each member's AdamW update
+    members.py     a fused member's own clock, stop flag and budget reading (a wall clock as a solo run's steps)
     state.py       TrainerSettings (how to run, not what), Dist (ranks), Progress (saved in checkpoints),
                    Batches (data order)
     budget.py      the budget clock and the learning-rate schedule (torch-free: planning and search read it)

@@ -42,15 +42,16 @@ def prepare_device(device: torch.device, memory_cap_mb: float | None) -> str:
 
 
 def resolve_precision(trial: TrialConfig, device: torch.device) -> str:
-    """What `precision: auto` means here: the hardware profile's (bf16 only where it has bf16, so a v100 sweep
+    """What `precision: auto` means here: a GPU hardware profile's (bf16 only where it has bf16, so a v100 sweep
     trains in fp16 with a loss scaler even on a newer GPU), else bf16 where this GPU supports it, else fp16;
-    fp32 on CPU. An explicit precision is kept as asked."""
+    fp32 on CPU. The `cpu` profile (a sweep that names no hardware) says nothing of a GPU's precision. An explicit
+    precision is kept as asked."""
     if trial.precision != "auto":
         return trial.precision
     if device.type != "cuda":
         return "fp32"
     profile = HARDWARE_PROFILES.get(trial.budget.hardware)
-    if profile is not None and not profile.bf16:
+    if profile is not None and profile.device != "cpu" and not profile.bf16:
         return "fp16"
     return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
 
@@ -72,6 +73,14 @@ def hardware_check(trial: TrialConfig, device: torch.device) -> dict[str, Any]:
         if total_mb > profile.memory_gb * 1024:
             out["memory_cap_mb"] = profile.memory_gb * 1024
     return out
+
+
+def gpu_share(device: torch.device, trials_per_gpu: int) -> float | None:
+    """The memory (MB) a trainer may use on a GPU it shares with `trials_per_gpu` - 1 others (ABLATE_TRIALS_PER_GPU):
+    its share of the GPU's whole memory; None where it does not share one."""
+    if device.type != "cuda" or trials_per_gpu <= 1:
+        return None
+    return torch.cuda.get_device_properties(device).total_memory / 2**20 / trials_per_gpu
 
 
 class null_context:

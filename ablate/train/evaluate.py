@@ -17,18 +17,20 @@ from ablate.train.device import to_device, autocast
 
 @torch.no_grad()
 def evaluate(objective: torch.nn.Module, rows: Any, trial: TrialConfig, device: torch.device, dist_: Dist,
-             max_batches: int | None, precision: str) -> tuple[float, float | None]:
+             max_batches: int | None, precision: str, micro_batch: int | None = None) -> tuple[float, float | None]:
     """Token-weighted mean loss over the eval split (sharded across ranks), in nats, of the (wrapped) Objective
     in eval mode (every model's eval-mode forward is causal: tests/models/test_causality.py), and for an objective that
-    reports accuracy (classification) the fraction of rows classified right (else None)."""
+    reports accuracy (classification) the fraction of rows classified right (else None). `micro_batch`: the rows a
+    forward takes (a run that `on_oom: shrink` halved takes fewer at a time); `max_batches` still counts batches of
+    the trial's batch_size, so a shrunk run evaluates the same rows."""
     objective.eval()
     total = torch.zeros(3, device=device, dtype=torch.float64)
     n = len(rows)
     order = np.arange(n)
-    bs = trial.batch_size
-    shards = [order[i: i + bs] for i in range(0, n, bs)]
+    bs = min(micro_batch or trial.batch_size, trial.batch_size)
     if max_batches is not None:
-        shards = shards[: max_batches * dist_.world]
+        order = order[: max_batches * trial.batch_size * dist_.world]
+    shards = [order[i: i + bs] for i in range(0, len(order), bs)]
     for idx in shards[dist_.rank:: dist_.world]:
         ids, labels = rows.batch(idx)
         with autocast(device, precision):

@@ -11,9 +11,9 @@ is cancelled or loses its claim leaves the group at its step; the others go on. 
 checkpoints every member and ends with SPLIT_EXIT: the runner trains it again as two halves.
 
 The contract (tests/train/test_fused.py): a member's losses equal its solo run's, within 1e-5 relative in fp32
-on CPU. A group that cannot hold it trains its members alone, one after another, saying why in their notes
-(ablate/config/fusion.py says which trials never fuse; here, what the device decides, and a model that does not
-vmap).
+on CPU (fp16: each member keeps its own loss scale). A group that cannot hold it trains its members alone, one after
+another, saying why in their notes (ablate/config/fusion.py says which trials never fuse; here, a model that does
+not vmap). A wall-clock budget is read as the steps a solo run makes in it here (members.py).
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from ablate import store
 from ablate.config import TrialConfig
 from ablate.config.errors import one_line
 from ablate.train import budget as bud
-from ablate.train.device import autocast, check_memory, is_oom, pick_device, resolve_precision, to_device
+from ablate.train.device import autocast, check_memory, is_oom, to_device
 from ablate.train.loop import LoopState, begin, bookkeeping, decide, finish, intermediate_eval, train, whole_log
 from ablate.train.points import checkpoint, record_losses
+from ablate.train.members import MemberClock, MemberStop, read_wall_clock
 from ablate.train.stack import Stack
 from ablate.train.state import Dist, TrainerSettings
 from ablate.train.stopping import Stopped, StopSignal
@@ -50,43 +51,33 @@ class OutOfMemory(Exception):
 
 
 def train_group(trials: list[TrialConfig], settings: list[TrainerSettings]) -> list[Outcome]:
-    """Train the trials as one fused group (or, where the device or the model refuses it, one after another) and
-    record each; their outcomes, in order. Raises OutOfMemory when the group should be split."""
-    reason = device_refusal(trials[0], settings[0])
-    if reason is None:
-        members: list[Trainer] = []
-        stop = StopSignal()
-        stop.install(lambda: _stop_all(members, settings))
-        try:
-            for trial, s in zip(trials, settings):
-                members.append(_member(trial, s))
-            stack = Stack(members)
-            reason = probe(stack, members)
-            if reason is None:
-                stop.begin_training()
-        except Stopped:  # nothing trained yet: no checkpoint; the next attempt starts over
-            stop.end_startup()
-            stop.uninstall()
-            return _stop_all(members, settings)
+    """Train the trials as one fused group (or, where the model refuses it, one after another) and record each;
+    their outcomes, in order. Raises OutOfMemory when the group should be split."""
+    members: list[Trainer] = []
+    stop = StopSignal()
+    stop.install(lambda: _stop_all(members, settings))
+    try:
+        for trial, s in zip(trials, settings):
+            members.append(_member(trial, s))
+        read_wall_clock(members, settings[0])
+        stack = Stack(members)
+        reason = probe(stack, members)
         if reason is None:
-            try:
-                return Group(members, stack).run(stop)
-            finally:
-                stop.uninstall()
+            stop.begin_training()
+    except Stopped:  # nothing trained yet: no checkpoint; the next attempt starts over
+        stop.end_startup()
         stop.uninstall()
-        for t in members:  # the solo trainers below record these runs
-            t.recorder.close()
+        return _stop_all(members, settings)
+    if reason is None:
+        try:
+            return Group(members, stack).run(stop)
+        finally:
+            stop.uninstall()
+    stop.uninstall()
+    for t in members:  # the solo trainers below record these runs
+        t.recorder.close()
     print(f"not fused: {reason}; the {len(trials)} runs train one after another", file=sys.stderr, flush=True)
     return alone(trials, settings, reason)
-
-
-def device_refusal(trial: TrialConfig, settings: TrainerSettings) -> str | None:
-    """Why the group cannot fuse on this device (what the trial's config could not say), or None."""
-    device = pick_device(settings, Dist())
-    if resolve_precision(trial, device) == "fp16":
-        return ("precision auto is fp16 on this GPU, and fp16 needs a loss scale per member (one scaler would skip "
-                "every member's step when one overflows)")
-    return None
 
 
 def alone(trials: list[TrialConfig], settings: list[TrainerSettings], reason: str) -> list[Outcome]:
@@ -121,49 +112,6 @@ def _member(trial: TrialConfig, settings: TrainerSettings) -> Trainer:
     t.resume()
     t.warmup_seconds = 0.0
     return t
-
-
-# ---------------------------------------------------------------- a member's clock and stop flag
-
-
-class MemberClock(bud.Clock):
-    """A member's budget clock: its own seconds before the group (a resumed run's) plus the group's clock (the
-    members step together: its stepping time is each one's); its own meters (its evals, its checkpoints). Pausing it
-    pauses the group: nobody steps meanwhile."""
-
-    def __init__(self, group: bud.Clock, before: bud.Clock):
-        super().__init__(sync=group.sync, elapsed=before.elapsed())
-        self.group, self.joined = group, group.elapsed()
-        self.meters.update(before.meters)
-
-    def start(self) -> None:
-        self.group.start()
-
-    def stop(self) -> None:
-        self.group.stop()
-
-    @property
-    def is_running(self) -> bool:
-        return self.group.is_running
-
-    def elapsed(self) -> float:
-        return self.elapsed_before + self.group.elapsed() - self.joined
-
-
-class MemberStop:
-    """A member's stop flag, as the solo loop's `decide` reads it: the group's (SIGTERM) or its own (a cancel of
-    this run alone, told by its recorder's heartbeat)."""
-
-    def __init__(self, group: StopSignal):
-        self.group, self.own = group, False
-
-    @property
-    def flag(self) -> bool:
-        return self.group.flag or self.own
-
-    @flag.setter
-    def flag(self, value: bool) -> None:
-        self.own = self.own or value
 
 
 def probe(stack: Stack, members: list[Trainer]) -> str | None:
@@ -214,7 +162,8 @@ def _backward(stack: Stack, members: list[Trainer]) -> tuple[torch.Tensor, torch
     for ids, labels in micro:
         with autocast(device, precision):
             s, c, aux = stack.losses(ids, labels)
-        (s / targets + aux / n_micro).sum().backward()  # members are independent: each gets its own gradient
+        # members are independent: each gets its own gradient; fp16 scales each by its own loss scale
+        ((s / targets + aux / n_micro) * stack.loss_scales(s)).sum().backward()
         loss_sum += s.detach().float()
         count += c.detach().float()
     return loss_sum, count, [b[1] for b in batches]
@@ -354,6 +303,6 @@ class Group:
             record_losses(m.state.pending.read(), t.progress, t.recorder, m.state.bar, t.divergence_limit)
             self.stack.write_back(i, t, moments=True)
             t.progress.notes["fused"]["split"] = said
-            checkpoint(t, m.state.interval)
+            checkpoint(t, m.state.interval, wait=True)
             self.outcomes[id(t)] = t.finalize("preempted", said)
         raise OutOfMemory(said)

@@ -162,7 +162,7 @@ class LoopState:
     """The loop's own counters: the open log interval (on the device), when it last logged, read, checkpointed."""
 
     def __init__(self, t: Trainer):
-        kind, amount, settings = t.trial.budget.kind, t.trial.budget.amount, t.settings
+        (kind, amount), settings = t.reading, t.settings
         self.log_every_s = max(amount / settings.log_points, 0.05) if kind == "wall_clock" else None
         self.log_every_steps = max(1, int(amount // settings.log_points)) if kind == "steps" else None
         self.last_log_t = t.clock.elapsed()
@@ -216,7 +216,8 @@ def intermediate_eval(t: Trainer, f: float) -> None:
     p, plan = t.progress, t.trial.eval
     at_fraction = fraction_due(plan, p, f)
     with t.clock.timed("eval_on_clock" if plan.charged else "eval", plan.charged):  # notes.meters: how much was charged
-        ev, _ = evaluate(t.wrapped, t.prepared.eval, t.trial, t.device, t.dist, plan.batches, t.precision)
+        ev, _ = evaluate(t.wrapped, t.prepared.eval, t.trial, t.device, t.dist, plan.batches, t.precision,
+                         t.progress.micro_batch)
         t.recorder.log(step=p.step, split="eval", elapsed_seconds=t.clock.elapsed(), tokens=p.tokens, loss=ev,
                        lr=None, eval_point=plan.at[p.next_eval] if at_fraction else None)
         t.recorder.flush()
@@ -229,7 +230,7 @@ def train_routing_eval(t: Trainer) -> float:
     causal): the loss the MoD blog called validation loss. Uncompiled and outside DDP: eval only, no gradients."""
     with t.model.routing_as_in_training():
         loss, _ = evaluate(objectives.Objective(t.trial, t.model), t.prepared.eval, t.trial, t.device, t.dist, None,
-                           t.precision)
+                           t.precision, t.progress.micro_batch)
     return loss
 
 
@@ -237,7 +238,7 @@ def decide(t: Trainer, s: LoopState, stop: StopSignal) -> Decision:
     """Whether this step logs, reads, checkpoints, evaluates or stops: every decision every rank takes alike (a
     wall-clock fraction differs by a few microseconds between ranks: the largest is everyone's, for the stop, the
     evals and the learning rate alike)."""
-    p, kind = t.progress, t.trial.budget.kind
+    p, kind = t.progress, t.reading[0]
     f = t.fraction()
     elapsed = t.clock.elapsed()
     want_log = (s.log_every_s is not None and elapsed - s.last_log_t >= s.log_every_s) or (
@@ -318,14 +319,15 @@ def finish(t: Trainer, s: LoopState) -> Outcome:
         t.recorder.close()
         return {"status": "lost", "error": "another process took this run over (its heartbeat was stale)"}
     if s.status == "preempted":
-        checkpoint(t, s.interval)
+        checkpoint(t, s.interval, wait=True)
         return t.stopped()
     if s.status == "diverged":
         t.recorder.flush()
         return t.finalize("diverged", s.error)
 
     with t.clock.paused("eval"):
-        final_eval, accuracy = evaluate(t.wrapped, t.prepared.eval, t.trial, t.device, t.dist, None, t.precision)
+        final_eval, accuracy = evaluate(t.wrapped, t.prepared.eval, t.trial, t.device, t.dist, None, t.precision,
+                                        t.progress.micro_batch)
         if hasattr(t.model, "routing_as_in_training"):  # MoD: also as its training routes, labelled non-causal
             routed = train_routing_eval(t)
             if math.isfinite(routed):  # run notes are JSON: a diverged run's NaN has no place there
@@ -337,7 +339,7 @@ def finish(t: Trainer, s: LoopState) -> Outcome:
     final_train = final_train_loss(t.progress.intervals, steps=t.trial.train_loss_steps)
     with t.clock.paused("checkpoint"):
         try:
-            checkpoint(t, s.interval)
+            checkpoint(t, s.interval, wait=True)
             if t.dist.is_main:
                 t.prepared.save_tokenizer(t.ckpt_path.parent / "tokenizer")
         except Exception as exc:  # noqa: BLE001 - the result is in hand and its points are in the DB: keep it

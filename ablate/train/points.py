@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ablate.config import TrialConfig
 from ablate.config.errors import AblateError
-from ablate.train.checkpoint import save_checkpoint
+from ablate.train.checkpoint import snapshot
 from ablate.train.recorder import Recorder
 from ablate.train.state import Progress
 
@@ -53,9 +53,10 @@ def final_train_loss(intervals: list[tuple[float, ...]], tail: float = 0.1, step
     return s / c if c else None
 
 
-def checkpoint(t: Any, interval: tuple[torch.Tensor, torch.Tensor]) -> None:
+def checkpoint(t: Any, interval: tuple[torch.Tensor, torch.Tensor], wait: bool = False) -> None:
     """The trainer's state at this step, with the open log interval; metrics are flushed first: after a crash the
-    DB holds every point up to the checkpoint."""
+    DB holds every point up to the checkpoint. Written in a thread from a host snapshot (checkpoint.Writer), unless
+    `wait`: a run that ends here has it on disk before it says so."""
     progress, clock, recorder = t.progress, t.clock, t.recorder
     progress.elapsed = clock.elapsed()
     progress.open_interval = (float(interval[0]), float(interval[1]))
@@ -64,7 +65,7 @@ def checkpoint(t: Any, interval: tuple[torch.Tensor, torch.Tensor]) -> None:
     if t.dist.is_main:
         recorder.flush()
         try:
-            save_checkpoint(t.ckpt_path, t.model, t.optimizer, t.scaler, progress, t.identity)
+            t.checkpoints.save(t.ckpt_path, snapshot(t.model, t.optimizer, t.scaler, progress, t.identity), wait)
         except AblateError as exc:  # raised after the barrier: the other ranks do not wait for rank 0 forever
             failed = exc
     if t.dist.distributed:

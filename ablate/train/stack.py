@@ -6,7 +6,6 @@ and its checkpoint, a solo run's)."""
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 
 import torch
@@ -47,6 +46,8 @@ class Stack:
                     self.adam_steps[i] = int(s["step"])
         for t in members:  # the moments live in the stack now; a checkpoint writes them back first
             t.optimizer.state.clear()
+        # fp16: a loss scale per member, as each member's own GradScaler would keep it (None: no scaling)
+        self.scalers = [t.scaler.state_dict() for t in members] if members[0].scaler is not None else None
 
     def __len__(self) -> int:
         return len(self.adam_steps)
@@ -62,14 +63,25 @@ class Stack:
         Random ops are refused (randomness='error'): a member's draws would not be its solo run's."""
         return vmap(self._one, randomness="error")(self.params, self.buffers, ids, labels)
 
+    def loss_scales(self, like: torch.Tensor) -> torch.Tensor | float:
+        """Each member's loss scale (K,), fp16's; 1 without one."""
+        if self.scalers is None:
+            return 1.0
+        return torch.tensor([s["scale"] for s in self.scalers], dtype=torch.float32, device=like.device)
+
     def update(self, lrs: list[float]) -> None:
-        """Each member's gradient clipped at norm 1.0 by its own norm, then AdamW at its own learning rate and
-        weight decay: torch's single-tensor AdamW, with the step's scalars per member; gradients cleared."""
+        """Each member's gradient (fp16: unscaled, and a member whose gradient is not finite skips its step and
+        halves its scale, as its own GradScaler would) clipped at norm 1.0 by its own norm, then AdamW at its own
+        learning rate and weight decay: torch's single-tensor AdamW, with the step's scalars per member; gradients
+        cleared."""
         k = len(lrs)
         beta1, beta2 = self.betas
-        self.adam_steps = [s + 1 for s in self.adam_steps]
         with torch.no_grad():
             grads = {n: p.grad for n, p in self.params.items() if p.grad is not None}
+            skipped = self._unscale(grads, k)
+            kept = {n: (self.params[n][skipped].clone(), self.exp_avg[n][skipped].clone(),
+                        self.exp_avg_sq[n][skipped].clone()) for n in grads} if skipped else {}
+            self.adam_steps = [s + (i not in skipped) for i, s in enumerate(self.adam_steps)]
             norms = torch.stack([torch.linalg.vector_norm(g.reshape(k, -1), 2.0, dim=1) for g in grads.values()])
             coef = torch.clamp(1.0 / (torch.linalg.vector_norm(norms, 2.0, dim=0) + 1e-6), max=1.0)  # (K,)
             any_param = next(iter(self.params.values()))
@@ -78,8 +90,9 @@ class Stack:
                 return torch.tensor(values, dtype=any_param.dtype, device=any_param.device)
 
             decay = per_member([1 - lr * wd for lr, wd in zip(lrs, self.weight_decay)])
-            step_size = per_member([-lr / (1 - beta1 ** s) for lr, s in zip(lrs, self.adam_steps)])
-            bias2_sqrt = per_member([math.sqrt(1 - beta2 ** s) for s in self.adam_steps])
+            steps = [max(s, 1) for s in self.adam_steps]  # a member that skips its first step: its values unused
+            step_size = per_member([-lr / (1 - beta1 ** s) for lr, s in zip(lrs, steps)])
+            bias2_sqrt = per_member([(1 - beta2 ** s) ** 0.5 for s in steps])
             for n, g in grads.items():
                 p, m, v = self.params[n], self.exp_avg[n], self.exp_avg_sq[n]
                 shape = (k,) + (1,) * (p.dim() - 1)
@@ -91,6 +104,30 @@ class Stack:
                 denom = (v.sqrt() / bias2_sqrt.view(shape)).add_(self.eps)
                 p.add_(step_size.view(shape) * m / denom)  # (value * t1) / t2: torch's addcdiv, member by member
                 p.grad = None
+            for n, (p, m, v) in kept.items():  # the members that skipped their step: as they were
+                self.params[n][skipped], self.exp_avg[n][skipped], self.exp_avg_sq[n][skipped] = p, m, v
+
+    def _unscale(self, grads: dict[str, torch.Tensor], k: int) -> list[int]:
+        """fp16: every member's gradient divided by its scale, and the members whose gradient is not finite (they
+        skip this step); then each member's scale updated as GradScaler.update does. [] without scaling."""
+        if self.scalers is None:
+            return []
+        any_grad = next(iter(grads.values()))
+        inv = torch.tensor([s["scale"] for s in self.scalers], dtype=torch.float64).reciprocal().float()
+        inv = inv.to(any_grad.device)
+        finite = torch.ones(k, dtype=torch.bool, device=any_grad.device)
+        for g in grads.values():
+            g.mul_(inv.view((k,) + (1,) * (g.dim() - 1)))
+            finite &= torch.isfinite(g.reshape(k, -1)).all(dim=1)
+        found = (~finite).tolist()
+        for s, inf in zip(self.scalers, found):
+            if inf:
+                s["scale"], s["_growth_tracker"] = s["scale"] * s["backoff_factor"], 0
+            elif s["_growth_tracker"] + 1 == s["growth_interval"]:
+                s["scale"], s["_growth_tracker"] = s["scale"] * s["growth_factor"], 0
+            else:
+                s["_growth_tracker"] += 1
+        return [i for i, inf in enumerate(found) if inf]
 
     def zero_grad(self) -> None:
         for p in self.params.values():
@@ -103,6 +140,8 @@ class Stack:
             for n in self.names:
                 named[n].copy_(self.params[n][i])
         t.optimizer.state.clear()
+        if self.scalers is not None:
+            t.scaler.load_state_dict(dict(self.scalers[i]))
         if moments and self.adam_steps[i] > 0:
             for n in self.exp_avg:
                 t.optimizer.state[named[n]] = {"step": torch.tensor(float(self.adam_steps[i])),
@@ -121,6 +160,8 @@ class Stack:
         self.exp_avg = {n: kept(m) for n, m in self.exp_avg.items()}
         self.exp_avg_sq = {n: kept(v) for n, v in self.exp_avg_sq.items()}
         del self.adam_steps[i], self.weight_decay[i]
+        if self.scalers is not None:
+            del self.scalers[i]
 
 
 def slots(module: torch.nn.Module) -> list[tuple[torch.nn.Module, str, str, str]]:

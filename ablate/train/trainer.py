@@ -17,13 +17,14 @@ from ablate import data as data_mod
 from ablate import models, store
 from ablate.config import TrialConfig, registry
 from ablate.config.errors import AblateError
+from ablate.config.settings import environment
 from ablate.objectives import base as objectives
-from ablate.train.checkpoint import load_checkpoint, set_rng_state
+from ablate.train.checkpoint import Writer, load_checkpoint, set_rng_state
 from ablate.train.device import check_memory, is_oom, peak_memory_mb
 from ablate.train.recorder import Recorder
 from ablate.train.state import Batches, Dist, Progress, TrainerSettings, run_dir
-from ablate.train.device import (null_context, to_device, autocast, hardware_check, pick_device, prepare_device,
-                                 resolve_precision)
+from ablate.train.device import (null_context, to_device, autocast, gpu_share, hardware_check, pick_device,
+                                 prepare_device, resolve_precision)
 from ablate.train.optim import apply_update, make_optimizer, plain_step
 
 
@@ -64,9 +65,14 @@ class Trainer:
         self.hardware = hardware_check(trial, self.device)  # the profile's memory as a cap on a larger GPU, and any mismatch
         if settings.memory_cap_mb is None and self.hardware.get("memory_cap_mb"):
             settings = dataclasses.replace(settings, memory_cap_mb=self.hardware["memory_cap_mb"])
+        share = gpu_share(self.device, environment().trials_per_gpu)  # a GPU other trainers share: this one's part
+        if share is not None and share < (settings.memory_cap_mb or float("inf")):
+            said = {"gpu_share": {"trials_per_gpu": environment().trials_per_gpu, "memory_cap_mb": round(share)}}
+            settings = dataclasses.replace(settings, memory_cap_mb=share, notes={**(settings.notes or {}), **said})
         self.settings = settings
         self.precision = resolve_precision(trial, self.device)
         self.recorder = Recorder(settings, dist_.is_main)
+        self.checkpoints = Writer()  # checkpoints written in a thread from a host snapshot
         self.device_name = prepare_device(self.device, settings.memory_cap_mb)
         torch.manual_seed(trial.seed)
         random.seed(trial.seed)
@@ -78,6 +84,9 @@ class Trainer:
         if dist_.distributed:  # the run says how its ranks talked (NCCL on GPUs, gloo on CPUs)
             self.progress.notes["distributed"] = {"world": dist_.world, "backend": torch.distributed.get_backend()}
         self.flops_per_token: float | None = None
+        # how the budget is read: the trial's own, or, in a fused group, a wall clock as the steps a solo run of the
+        # trial makes in it on this device (notes.budget_read, kept in its checkpoints: ablate/train/fused.py)
+        self.reading: tuple[str, float] = (trial.budget.kind, trial.budget.amount)
 
     # ---------------------------------------------------------------- setup
 
@@ -144,6 +153,9 @@ class Trainer:
             self.resumed = True
             del state  # the model's copy (the optimizer holds its own tensors)
         self.progress.notes.update(self.settings.notes or {})
+        read = self.progress.notes.get("budget_read")
+        if read:  # a fused run's wall clock read as steps: resumed (fused or alone), it keeps that reading
+            self.reading = ("steps", read["steps"])
         # points past the checkpoint (or, starting from step 0, every point of earlier attempts) are logged anew
         self.recorder.forget_after(self.progress.step if self.resumed else -1)
 
@@ -162,8 +174,7 @@ class Trainer:
     def fraction(self) -> float:
         """How much of the budget is spent."""
         p = self.progress
-        return bud.budget_fraction(self.trial.budget.kind, self.trial.budget.amount, self.clock.elapsed(), p.step,
-                                   p.tokens, self.flops_per_token)
+        return bud.budget_fraction(*self.reading, self.clock.elapsed(), p.step, p.tokens, self.flops_per_token)
 
     def one_step(self, lr: float) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         """Forward/backward over the accumulation micro-batches and one optimizer step.
@@ -204,6 +215,7 @@ class Trainer:
                  final_eval: float | None = None, peak: float | None = None, mfu: bool = True) -> Outcome:
         """The outcome fields, written to the run row (its points flushed first); the trainer's recorder closes."""
         recorder, progress, clock = self.recorder, self.progress, self.clock
+        self.checkpoints.settle()  # a checkpoint still being written (a run that failed or diverged after it)
         recorder.flush()
         if "process_cpu" in progress.notes:
             progress.notes["process_cpu"]["total"] = round(time.process_time(), 3)
@@ -223,12 +235,18 @@ class Trainer:
             epochs=progress.samples / progress.rows if progress.rows else None,
             peak_memory_mb=peak if peak is not None else peak_memory_mb(self.device),
             mfu=(tps * flops_per_token / peak_flops) if (tps and flops_per_token and peak_flops) else None,
-            notes={"meters": bud.summarize_meters(clock), **progress.notes} or None,
+            notes={"meters": bud.summarize_meters(clock), **self.real_tokens(), **progress.notes} or None,
             finished_at=store.utcnow(),
         )
         recorder.update(**outcome, pid=None)  # no pid: this trainer is ending (`sweep status` stops saying "cancelling")
         recorder.close()
         return outcome
+
+    def real_tokens(self) -> dict[str, float]:
+        """The share of the positions trained on that were real tokens, not padding (29% in the studies' TinyStories
+        rows, padded to 512): MFU counts real tokens only, so it reads low by that much where rows pad."""
+        p = self.progress
+        return {"real_token_share": round(p.tokens / (p.samples * self.trial.context), 4)} if p.samples else {}
 
     def finish_oom(self, exc: BaseException) -> Outcome:
         """Out of memory is a result: the step it came at and the micro-batch, with the peak memory."""

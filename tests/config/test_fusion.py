@@ -20,9 +20,7 @@ def trial(seed: int = 0, **over) -> TrialConfig:
 
 
 @pytest.mark.parametrize("over,says", [
-    ({"budget": {"wall_clock": "10m"}}, "wall-clock budget"),
     ({"budget": {"steps": 50, "gpus": 4}}, "torchrun"),
-    ({"precision": "fp16"}, "loss scale per member"),
     ({"on_oom": "shrink"}, "micro-batch"),
     ({"mode": "memory_probe"}, "memory probe"),
     ({"architecture": "gpt", "heads": 4}, "dropout 0.1"),
@@ -33,6 +31,10 @@ def test_a_trial_that_cannot_fuse_says_why_and_trains_alone(over, says):
     assert says in fusion.refusal(t)
     assert fusion.group_key(t, "seeds") is None
     assert fusion.groups({1: t, 2: trial(1, **over)}, "seeds") == [[1], [2]]
+
+
+def test_a_wall_clock_budget_fuses_read_as_a_solo_runs_steps():
+    assert fusion.refusal(trial(budget={"wall_clock": "10m"})) is None  # ablate/train/members.py reads it
 
 
 def test_every_family_at_its_defaults_but_gpt_fuses():

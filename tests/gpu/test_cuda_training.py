@@ -212,8 +212,8 @@ def test_a_run_stopped_after_a_checkpoint_resumes_on_the_device_to_the_same_loss
     real_checkpoint = loop.checkpoint
     signalled: list[int] = []
 
-    def checkpoint_then_stop(t, interval):  # the real checkpoint, then a SIGTERM to this process (once)
-        real_checkpoint(t, interval)
+    def checkpoint_then_stop(t, interval, wait=False):  # the real checkpoint, then a SIGTERM to this process (once)
+        real_checkpoint(t, interval, wait)
         if t.progress.step >= stop_at and not signalled:
             assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None), \
                 "the trainer's SIGTERM handler is not installed: the signal would end pytest"

@@ -69,3 +69,21 @@ def test_a_sweep_that_fuses_seeds_trains_each_cell_in_one_process_and_its_report
     again = sweep(spec=str(seeds_spec(tmp_path, fuse="seeds", name="alone")), db_url=url, artifacts=art, fuse="off")
     assert set(again.values()) == {"completed"}
     assert not any("fused" in (r.notes or {}) for r in runner.sweep_runs(store.connect(url), "alone"))
+
+
+def test_slots_take_the_gpus_in_turn_and_never_name_one_the_host_lacks():
+    """`sweep run --gpu-slots 2` on a one-GPU host pointed its second slot at GPU 1, which did not exist (found on
+    the lent H200); slots past the GPU groups share them (`--trials-per-gpu`)."""
+    assert runner.slot_devices(2, 1, 1) == [[0], [0]]
+    assert runner.slot_devices(4, 1, 2) == [[0], [1], [0], [1]]
+    assert runner.slot_devices(3, 2, 4) == [[0, 1], [2, 3], [0, 1]]
+    assert runner.slot_devices(2, 1, 0) == [None, None]  # no GPU: no CUDA_VISIBLE_DEVICES at all
+
+
+def test_trainers_sharing_a_gpu_take_their_share_of_its_sms_where_mps_runs(tmp_path, monkeypatch):
+    from ablate.runner.host import sharing_env
+
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert sharing_env(4) == {}  # no MPS daemon here: time-sliced, memory capped by the trainer itself
+    (tmp_path / "control").touch()  # the daemon's control socket (stands in for nvidia-cuda-mps-control)
+    assert sharing_env(4) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"} and sharing_env(1) == {}

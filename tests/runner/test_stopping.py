@@ -270,7 +270,8 @@ def test_ablate_worker_starts_one_prefect_worker_per_gpu_each_on_its_own_device(
     shim = tmp_path / "bin"
     shim.mkdir()
     record = tmp_path / "workers.txt"
-    (shim / "prefect").write_text(f"#!/bin/sh\necho \"$CUDA_VISIBLE_DEVICES $*\" >> {record}\nsleep 3\n")
+    (shim / "prefect").write_text(f"#!/bin/sh\necho \"$CUDA_VISIBLE_DEVICES $ABLATE_TRIALS_PER_GPU $*\" >> {record}"
+                                  "\nsleep 3\n")
     (shim / "prefect").chmod(0o755)
     ablate = str(Path(sys.executable).parent / "ablate")
     env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "2,3,5,7",
@@ -287,9 +288,15 @@ def test_ablate_worker_starts_one_prefect_worker_per_gpu_each_on_its_own_device(
                    capture_output=True, timeout=patience(60))
     assert record.read_text().split()[0] == "2,3,5,7"  # torchrun on all four, one trial at a time
     assert queues == {"default", "host-gpu-b"}
-    assert [line.split()[0] for line in lines] == ["2", "3", "5", "7"]
+    assert [line.split()[:2] for line in lines] == [["2", "1"], ["3", "1"], ["5", "1"], ["7", "1"]]
     assert all("--pool v100 --type process --limit 1 --work-queue default --work-queue host-gpu-b --name gpu-b-v100-"
                in line for line in lines), lines
+    record.unlink()  # three trials share each GPU: each worker takes three at a time, its trainers a third of the GPU
+    subprocess.run([ablate, "worker", "--pool", "v100", "--trials-per-gpu", "3"], env=env, check=True,
+                   capture_output=True, timeout=patience(60))
+    packed = sorted(record.read_text().splitlines())
+    assert [line.split()[:2] for line in packed] == [["2", "3"], ["3", "3"], ["5", "3"], ["7", "3"]]
+    assert all("--limit 3 " in line for line in packed), packed
     env["PREFECT_API_URL"] = ""  # below: refused before the API is asked
     no_api = subprocess.run([ablate, "worker", "--pool", "v100"], env=env, capture_output=True, text=True,
                             timeout=patience(60))

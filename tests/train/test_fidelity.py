@@ -200,6 +200,18 @@ def test_precision_auto_follows_the_hardware_profile():
     assert resolve_precision(trial(precision="bf16"), torch.device("cpu")) == "bf16"  # asked for: kept
 
 
+@pytest.mark.parametrize("bf16", [True, False])
+def test_a_sweep_that_names_no_hardware_gets_its_gpus_own_precision(monkeypatch, bf16):
+    """The default `cpu` profile has no bf16, which said fp16 for every GPU (found on the lent H200): it says nothing
+    of a GPU's precision. The GPU's bf16 support is this machine's mock (no GPU here); tests/gpu reads the real one."""
+    from ablate.train import resolve_precision
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    named_none = trial(precision="auto", budget={"steps": 5})
+    assert named_none.budget.hardware == "cpu"
+    assert resolve_precision(named_none, torch.device("cuda", 0)) == ("bf16" if bf16 else "fp16")
+
+
 def test_the_run_records_its_precision_its_hardware_mismatch_and_the_report_prints_both(tmp_path):
     from ablate import runner
     from ablate.report import build_report

@@ -94,6 +94,8 @@ def test_step_budget_trains_records_and_lowers_the_loss(tmp_path, db_url):
     assert len(eval_rows) == 2  # one at half the budget, one final
     assert train_rows[-1].loss < train_rows[0].loss - 0.5
     assert math.log(384) > out["final_eval_loss"]
+    # beside MFU (which counts real tokens), the share of trained positions that were real, not padding
+    assert out["notes"]["real_token_share"] == round(out["tokens"] / (out["samples"] * trial.context), 4) <= 1
     # the outcome is one Outcome: exactly its declared fields, each a column of the run row it was written to
     assert set(out) == set(Outcome.__annotations__) <= set(store.Run.__table__.columns.keys())
 
@@ -240,6 +242,32 @@ def test_on_oom_shrink_halves_the_micro_batch_keeping_the_effective_batch(tmp_pa
     shrinks = out["notes"]["oom_shrink"]
     assert [(s["micro_batch"], s["grad_accum"]) for s in shrinks] == [(4, 2), (2, 4), (1, 8)]
     assert out["status"] == "oom"  # a CPU cap below the process size cannot be met by any micro-batch
+
+
+def test_an_eval_after_a_shrink_takes_the_shrunk_micro_batch_and_the_same_rows(tmp_path):
+    """Found reading the GPU path: evaluate took trial.batch_size rows at a time, so a run that on_oom: shrink had
+    halved went out of memory again at its first eval. It takes the run's micro-batch now, over the same rows (the
+    eval's loss is the same to rounding), and eval.batches still counts batches of batch_size."""
+    from ablate.data import prepare
+    from ablate.objectives import base as objectives
+    from ablate.train.evaluate import evaluate
+    from ablate.train.state import Dist
+
+    trial = make_trial(batch_size=8)
+    prepared = prepare(trial.dataset, trial.tokenizer, trial.context, tmp_path / "art", progress=False)
+    torch.manual_seed(0)
+    objective = objectives.Objective(trial, objectives.model_for(trial, prepared.vocab_size))
+    sizes: list[int] = []
+    objective.register_forward_pre_hook(lambda module, args: sizes.append(args[0].shape[0]))
+    cpu = torch.device("cpu")
+    whole, _ = evaluate(objective, prepared.eval, trial, cpu, Dist(), None, "fp32")
+    assert max(sizes) == 8
+    sizes.clear()
+    shrunk, _ = evaluate(objective, prepared.eval, trial, cpu, Dist(), None, "fp32", micro_batch=2)
+    assert max(sizes) == 2 and sum(sizes) == len(prepared.eval) and shrunk == pytest.approx(whole, rel=1e-6)
+    sizes.clear()
+    evaluate(objective, prepared.eval, trial, cpu, Dist(), 1, "fp32", micro_batch=2)
+    assert sizes == [2, 2, 2, 2]  # eval.batches 1: one batch of 8 rows, taken 2 at a time
 
 
 def test_gradient_accumulation_matches_the_full_batch(tmp_path):
