@@ -302,7 +302,7 @@ class Group:
             t = m.t
             record_losses(m.state.pending.read(), t.progress, t.recorder, m.state.bar, t.divergence_limit)
             self.stack.write_back(i, t, moments=True)
-            t.progress.notes["fused"]["split"] = said
+            t.progress.notes["fused"]["split"] = [*t.progress.notes["fused"].get("split", []), said]  # each split
             checkpoint(t, m.state.interval, wait=True)
             self.outcomes[id(t)] = t.finalize("preempted", said)
         raise OutOfMemory(said)
