@@ -33,7 +33,7 @@ from ablate.train.device import autocast, check_memory, is_oom, to_device
 from ablate.train.loop import LoopState, begin, bookkeeping, decide, finish, intermediate_eval, train, whole_log
 from ablate.train.points import checkpoint, record_losses
 from ablate.train.members import MemberClock, MemberStop, read_wall_clock
-from ablate.train.stack import Stack
+from ablate.train.stack import Stack, on_device
 from ablate.train.state import Dist, TrainerSettings
 from ablate.train.stopping import Stopped, StopSignal
 from ablate.train.trainer import Outcome, Trainer
@@ -150,7 +150,7 @@ def _backward(stack: Stack, members: list[Trainer]) -> tuple[torch.Tensor, torch
     device, precision = members[0].device, members[0].precision
     t0 = time.perf_counter()
     batches = [_micro_batches(t) for t in members]
-    targets = torch.tensor([float(b[2]) for b in batches], device=device)
+    targets = on_device([float(b[2]) for b in batches], device, torch.float32)  # queued: the step does not wait
     n_micro = len(batches[0][0])
     micro = [(torch.stack([to_device(b[0][j][0], device) for b in batches]),  # ids (K, B, T)
               torch.stack([to_device(b[0][j][1], device) for b in batches])) for j in range(n_micro)]
@@ -163,7 +163,7 @@ def _backward(stack: Stack, members: list[Trainer]) -> tuple[torch.Tensor, torch
         with autocast(device, precision):
             s, c, aux = stack.losses(ids, labels)
         # members are independent: each gets its own gradient; fp16 scales each by its own loss scale
-        ((s / targets + aux / n_micro) * stack.loss_scales(s)).sum().backward()
+        ((s / targets + aux / n_micro) * stack.loss_scales()).sum().backward()
         loss_sum += s.detach().float()
         count += c.detach().float()
     return loss_sum, count, [b[1] for b in batches]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.func import vmap
@@ -30,10 +31,13 @@ class Stack:
         self.decays = {n: named[0][n].dim() >= 2 for n in self.names}  # as make_optimizer: matrices only
         group = members[0].optimizer.param_groups[0]
         self.betas, self.eps = group["betas"], group["eps"]
-        self.weight_decay = [t.optimizer.param_groups[0]["weight_decay"] for t in members]
+        device = self.device = next(iter(self.params.values())).device
+        # every member's own scalars live on the device, so a step never waits for the host: AdamW's step counts
+        # and weight decays, and (fp16) each member's loss scale and growth tracker, as its own GradScaler keeps them
+        self.weight_decay = on_device([t.optimizer.param_groups[0]["weight_decay"] for t in members], device)
         self.exp_avg: dict[str, torch.Tensor] = {}
         self.exp_avg_sq: dict[str, torch.Tensor] = {}
-        self.adam_steps = [0] * len(members)
+        steps = [0.0] * len(members)
         for n in self.names:
             if not self.params[n].requires_grad:
                 continue
@@ -43,14 +47,32 @@ class Stack:
             self.exp_avg_sq[n] = torch.stack([s.get("exp_avg_sq", zeros) for s in states])
             for i, s in enumerate(states):
                 if "step" in s:
-                    self.adam_steps[i] = int(s["step"])
+                    steps[i] = float(s["step"])
+        self.steps = on_device(steps, device)
         for t in members:  # the moments live in the stack now; a checkpoint writes them back first
             t.optimizer.state.clear()
-        # fp16: a loss scale per member, as each member's own GradScaler would keep it (None: no scaling)
-        self.scalers = [t.scaler.state_dict() for t in members] if members[0].scaler is not None else None
+        self.scale = self.growth = None  # fp16: a loss scale per member (None: no scaling)
+        if members[0].scaler is not None:
+            states = [t.scaler.state_dict() for t in members]
+            self.rule = {k: states[0][k] for k in ("growth_factor", "backoff_factor", "growth_interval")}
+            self.scale = on_device([s["scale"] for s in states], device, torch.float32)
+            self.growth = on_device([s["_growth_tracker"] for s in states], device, torch.int64)
 
     def __len__(self) -> int:
-        return len(self.adam_steps)
+        return self.steps.numel()
+
+    @property
+    def adam_steps(self) -> list[int]:
+        """Each member's AdamW step count (read from the device: for checkpoints and tests, not the step)."""
+        return [int(s) for s in self.steps.tolist()]
+
+    @property
+    def scalers(self) -> list[dict[str, Any]] | None:
+        """Each member's GradScaler state as its own scaler would save it (read from the device), or None."""
+        if self.scale is None:
+            return None
+        return [{"scale": scale, **self.rule, "_growth_tracker": int(growth)}
+                for scale, growth in zip(self.scale.tolist(), self.growth.tolist())]
 
     def _one(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], ids: torch.Tensor,
              labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -63,39 +85,32 @@ class Stack:
         Random ops are refused (randomness='error'): a member's draws would not be its solo run's."""
         return vmap(self._one, randomness="error")(self.params, self.buffers, ids, labels)
 
-    def loss_scales(self, like: torch.Tensor) -> torch.Tensor | float:
+    def loss_scales(self) -> torch.Tensor | float:
         """Each member's loss scale (K,), fp16's; 1 without one."""
-        if self.scalers is None:
-            return 1.0
-        return torch.tensor([s["scale"] for s in self.scalers], dtype=torch.float32, device=like.device)
+        return 1.0 if self.scale is None else self.scale
 
     def update(self, lrs: list[float]) -> None:
         """Each member's gradient (fp16: unscaled, and a member whose gradient is not finite skips its step and
         halves its scale, as its own GradScaler would) clipped at norm 1.0 by its own norm, then AdamW at its own
-        learning rate and weight decay: torch's single-tensor AdamW, with the step's scalars per member; gradients
-        cleared."""
+        learning rate and weight decay: torch's single-tensor AdamW, its scalars per member in float64 as torch's are
+        Python floats; gradients cleared. Nothing is read back to the host."""
         k = len(lrs)
         beta1, beta2 = self.betas
         with torch.no_grad():
             grads = {n: p.grad for n, p in self.params.items() if p.grad is not None}
-            skipped = self._unscale(grads, k)
-            kept = {n: (self.params[n][skipped].clone(), self.exp_avg[n][skipped].clone(),
-                        self.exp_avg_sq[n][skipped].clone()) for n in grads} if skipped else {}
-            self.adam_steps = [s + (i not in skipped) for i, s in enumerate(self.adam_steps)]
+            finite = self._unscale(grads, k)  # None without scaling
+            steps = self.steps + (1.0 if finite is None else finite.double())
             norms = torch.stack([torch.linalg.vector_norm(g.reshape(k, -1), 2.0, dim=1) for g in grads.values()])
             coef = torch.clamp(1.0 / (torch.linalg.vector_norm(norms, 2.0, dim=0) + 1e-6), max=1.0)  # (K,)
-            any_param = next(iter(self.params.values()))
-
-            def per_member(values: list[float]) -> torch.Tensor:
-                return torch.tensor(values, dtype=any_param.dtype, device=any_param.device)
-
-            decay = per_member([1 - lr * wd for lr, wd in zip(lrs, self.weight_decay)])
-            steps = [max(s, 1) for s in self.adam_steps]  # a member that skips its first step: its values unused
-            step_size = per_member([-lr / (1 - beta1 ** s) for lr, s in zip(lrs, steps)])
-            bias2_sqrt = per_member([(1 - beta2 ** s) ** 0.5 for s in steps])
+            lr, counted = on_device(lrs, self.device), steps.clamp(min=1.0)  # a member skipping its first step: unused
+            dtype = next(iter(self.params.values())).dtype
+            decay = (1 - lr * self.weight_decay).to(dtype)
+            step_size = (-lr / (1 - beta1 ** counted)).to(dtype)
+            bias2_sqrt = ((1 - beta2 ** counted) ** 0.5).to(dtype)
             for n, g in grads.items():
                 p, m, v = self.params[n], self.exp_avg[n], self.exp_avg_sq[n]
                 shape = (k,) + (1,) * (p.dim() - 1)
+                before = None if finite is None else (p.clone(), m.clone(), v.clone())
                 g.mul_(coef.view(shape))
                 if self.decays[n]:
                     p.mul_(decay.view(shape))
@@ -104,30 +119,28 @@ class Stack:
                 denom = (v.sqrt() / bias2_sqrt.view(shape)).add_(self.eps)
                 p.add_(step_size.view(shape) * m / denom)  # (value * t1) / t2: torch's addcdiv, member by member
                 p.grad = None
-            for n, (p, m, v) in kept.items():  # the members that skipped their step: as they were
-                self.params[n][skipped], self.exp_avg[n][skipped], self.exp_avg_sq[n][skipped] = p, m, v
+                if before is not None:  # the members that skip this step: as they were
+                    for now, was in zip((p, m, v), before):
+                        now.copy_(torch.where(finite.view(shape), now, was))
+            self.steps = steps
 
-    def _unscale(self, grads: dict[str, torch.Tensor], k: int) -> list[int]:
-        """fp16: every member's gradient divided by its scale, and the members whose gradient is not finite (they
-        skip this step); then each member's scale updated as GradScaler.update does. [] without scaling."""
-        if self.scalers is None:
-            return []
-        any_grad = next(iter(grads.values()))
-        inv = torch.tensor([s["scale"] for s in self.scalers], dtype=torch.float64).reciprocal().float()
-        inv = inv.to(any_grad.device)
-        finite = torch.ones(k, dtype=torch.bool, device=any_grad.device)
+    def _unscale(self, grads: dict[str, torch.Tensor], k: int) -> torch.Tensor | None:
+        """fp16: every member's gradient divided by its scale; which members' gradients are finite (the others skip
+        this step); each member's scale updated as GradScaler.update does, on the device. None without scaling."""
+        if self.scale is None:
+            return None
+        inv = self.scale.double().reciprocal().float()
+        finite = torch.ones(k, dtype=torch.bool, device=self.device)
         for g in grads.values():
             g.mul_(inv.view((k,) + (1,) * (g.dim() - 1)))
             finite &= torch.isfinite(g.reshape(k, -1)).all(dim=1)
-        found = (~finite).tolist()
-        for s, inf in zip(self.scalers, found):
-            if inf:
-                s["scale"], s["_growth_tracker"] = s["scale"] * s["backoff_factor"], 0
-            elif s["_growth_tracker"] + 1 == s["growth_interval"]:
-                s["scale"], s["_growth_tracker"] = s["scale"] * s["growth_factor"], 0
-            else:
-                s["_growth_tracker"] += 1
-        return [i for i, inf in enumerate(found) if inf]
+        grown = torch.where(finite, self.growth + 1, 0)
+        due = grown == self.rule["growth_interval"]
+        larger = self.scale * self.rule["growth_factor"]
+        scale = torch.where(finite, self.scale, self.scale * self.rule["backoff_factor"])
+        self.scale = torch.where(due & torch.isfinite(larger), larger, scale)
+        self.growth = torch.where(due, 0, grown)
+        return finite
 
     def zero_grad(self) -> None:
         for p in self.params.values():
@@ -140,12 +153,12 @@ class Stack:
             for n in self.names:
                 named[n].copy_(self.params[n][i])
         t.optimizer.state.clear()
-        if self.scalers is not None:
-            t.scaler.load_state_dict(dict(self.scalers[i]))
-        if moments and self.adam_steps[i] > 0:
+        if self.scale is not None:
+            t.scaler.load_state_dict(self.scalers[i])
+        step = self.adam_steps[i]
+        if moments and step > 0:
             for n in self.exp_avg:
-                t.optimizer.state[named[n]] = {"step": torch.tensor(float(self.adam_steps[i])),
-                                               "exp_avg": self.exp_avg[n][i].clone(),
+                t.optimizer.state[named[n]] = {"step": torch.tensor(float(step)), "exp_avg": self.exp_avg[n][i].clone(),
                                                "exp_avg_sq": self.exp_avg_sq[n][i].clone()}
 
     def drop(self, i: int) -> None:
@@ -159,9 +172,15 @@ class Stack:
         self.buffers = {n: kept(b) for n, b in self.buffers.items()}
         self.exp_avg = {n: kept(m) for n, m in self.exp_avg.items()}
         self.exp_avg_sq = {n: kept(v) for n, v in self.exp_avg_sq.items()}
-        del self.adam_steps[i], self.weight_decay[i]
-        if self.scalers is not None:
-            del self.scalers[i]
+        self.steps, self.weight_decay = kept(self.steps), kept(self.weight_decay)
+        if self.scale is not None:
+            self.scale, self.growth = kept(self.scale), kept(self.growth)
+
+
+def on_device(values: list[float], device: torch.device, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Host values as a tensor on `device` without waiting for it (a GPU's copy from pinned memory, queued)."""
+    tensor = torch.tensor(values, dtype=dtype)
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
 
 
 def slots(module: torch.nn.Module) -> list[tuple[torch.nn.Module, str, str, str]]:
