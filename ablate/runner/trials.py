@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from ablate import store
 from ablate.runner.host import pid_alive, sharing_env, worker_host
-from ablate.runner.launch import LaunchOptions, trainer_command
+from ablate.runner.launch import LaunchOptions, group_command, trainer_command
 from ablate.runner.sweep import sweep_runs
 from ablate.config import TrialConfig
 from ablate.config.errors import AblateError
@@ -35,6 +35,7 @@ TERMINAL = ("completed", "oom", "diverged", "failed", "preempted", "cancelled")
 STOP = threading.Event()
 STOP_GRACE_SECONDS = 150.0  # how long a stopped sweep waits for its trainers to checkpoint
 CLAIMABLE = ("pending", "failed", "preempted")  # what a runner takes by default (not `cancelled`: the user's word)
+SPLIT_EXIT = 4  # a fused group's trainer ran out of memory (ablate.train.fused.SPLIT_EXIT; no torch here)
 
 
 def run_trial(run_id: int, opts: LaunchOptions, should_stop: Callable[[], bool] | None = None,
@@ -48,30 +49,59 @@ def run_trial(run_id: int, opts: LaunchOptions, should_stop: Callable[[], bool] 
     says so, the trainer gets SIGTERM, checkpoints, and the run ends `preempted`. `on_claimed` is called once this
     call holds the claim (a run left alone never calls it).
     """
+    return run_group([run_id], opts, should_stop, poll_seconds, statuses, on_claimed)[run_id]
+
+
+def run_group(run_ids: list[int], opts: LaunchOptions, should_stop: Callable[[], bool] | None = None,
+              poll_seconds: float = 1.0, statuses: tuple[str, ...] = CLAIMABLE,
+              on_claimed: Callable[[], None] | None = None) -> dict[int, str]:
+    """Claim the runs and train them in one trainer process, as run_trial says of one run; {run id: final status}.
+    Several runs train as one fused group (`python -m ablate.train --run-ids ...`, ablate/train/fused.py); runs
+    another process holds or has finished are left alone, the group trains the rest, and one run claimed trains
+    solo. A group that runs out of memory (SPLIT_EXIT: every member checkpointed) is trained again as two halves."""
     engine = store.connect(opts.db_url)
     if STOP.is_set():
-        return store.get_run(engine, run_id).status
+        return {rid: store.get_run(engine, rid).status for rid in run_ids}
     claimant = store.new_claimant()
-    if not store.claim_run(engine, run_id, claimant, statuses):
-        return store.get_run(engine, run_id).status
-    if on_claimed is not None:
+    claimed = [rid for rid in run_ids if store.claim_run(engine, rid, claimant, statuses)]
+    results = {rid: store.get_run(engine, rid).status for rid in run_ids if rid not in claimed}
+    if claimed and on_claimed is not None:
         on_claimed()
-    try:
-        trial = TrialConfig.model_validate(store.get_run(engine, run_id).config)
-    except (AblateError, ValueError) as exc:  # e.g. a plugin this worker lacks: failed, before any training
-        store.update_run(engine, run_id, claimant=claimant, status="failed", error=store.redact(str(exc)),
-                         finished_at=store.utcnow())
-        return "failed"
-    try:  # anything between the claim and the trainer's start (a read-only or full artifacts disk) gives the run back
-        log_path, env = trainer_setup(engine, run_id, claimant, opts)
+    trials = {}
+    for rid in claimed:
+        try:
+            trials[rid] = TrialConfig.model_validate(store.get_run(engine, rid).config)
+        except (AblateError, ValueError) as exc:  # e.g. a plugin this worker lacks: failed, before any training
+            store.update_run(engine, rid, claimant=claimant, status="failed", error=store.redact(str(exc)),
+                             finished_at=store.utcnow())
+            results[rid] = "failed"
+    ids = list(trials)
+    if not ids:
+        return results
+    first = trials[ids[0]]
+    try:  # anything between the claim and the trainer's start (a read-only or full artifacts disk) gives the runs back
+        log_path, env = trainer_setup(engine, ids[0], claimant, opts)
+        for rid in ids[1:]:  # each run's own log says where its group's is
+            with open(log_path.with_name(f"run-{rid}.log"), "a") as log:
+                log.write(f"trained in a fused group with runs {ids}: the group's log is {log_path}\n")
+        command = group_command(ids, opts) if len(ids) > 1 else trainer_command(first, ids[0], opts)
         with open(log_path, "ab") as log:  # the trainer writes through its own copy of the file
-            proc = start_trainer(trainer_command(trial, run_id, opts), env, log, log_path, opts.artifacts,
-                                 opts.warm, families=(trial.architecture,))
+            proc = start_trainer(command, env, log, log_path, opts.artifacts, opts.warm, families=(first.architecture,))
     except BaseException as exc:
-        release(engine, run_id, claimant, exc)
+        for rid in ids:
+            release(engine, rid, claimant, exc)
         raise
-    store.update_run(engine, run_id, claimant=claimant, pid=proc.pid)  # the trainer beats the claim's heartbeat
-    return classify(engine, run_id, wait_for(proc, should_stop, poll_seconds), log_path, claimant)
+    for rid in ids:  # the trainer beats the claim's heartbeat
+        store.update_run(engine, rid, claimant=claimant, pid=proc.pid)
+    code = wait_for(proc, should_stop, poll_seconds)
+    if code == SPLIT_EXIT and len(ids) > 1 and not STOP.is_set():
+        half, again = len(ids) // 2, (*statuses, "preempted")  # each member checkpointed and ended `preempted`
+        for part in (ids[:half], ids[half:]):
+            results.update(run_group(part, opts, should_stop, poll_seconds, again))
+    else:
+        for rid in ids:
+            results[rid] = classify(engine, rid, code, log_path, claimant)
+    return {rid: results[rid] for rid in run_ids}
 
 
 def wait_for(proc: Any, should_stop: Callable[[], bool] | None, poll_seconds: float) -> int:
