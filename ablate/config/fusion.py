@@ -32,8 +32,8 @@ AUTO_MAX_STEP_FLOPS = 4e12
 
 
 def refusal(trial: TrialConfig) -> str | None:
-    """Why this trial cannot train in a fused group (it trains alone), or None. What the device decides (fp16 on a
-    GPU under `precision: auto`) is checked again where the group trains."""
+    """Why this trial cannot train in a fused group (it trains alone), or None. A model whose batched step fails
+    (a plugin's data-dependent control flow) is found where the group trains (ablate/train/fused.py `probe`)."""
     if trial.mode != "train":
         return "a memory probe trains nothing"
     if trial.budget.gpus > 1:

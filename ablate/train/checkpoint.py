@@ -45,12 +45,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def snapshot(model: torch.nn.Module, optimizer: Any, scaler: Any, progress: Progress,
-             identity: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What a checkpoint holds, copied to the host as it is now (training may go on while it is written): a GPU's
-    tensors into pinned memory, copied at once, with one wait."""
+             identity: dict[str, Any] | None = None, copied: bool = True) -> dict[str, Any]:
+    """What a checkpoint holds; `copied`: copied to the host as it is now, so training may go on while it is written
+    (a GPU's tensors into pinned memory, copied at once, with one wait). A checkpoint written at once (a run's last)
+    needs no copy of its tensors."""
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
              "scaler": scaler.state_dict() if scaler is not None else None,
              "progress": copy.deepcopy(dict(progress.__dict__)), "rng": rng_state(), "identity": copy.deepcopy(identity)}
+    if not copied:
+        return state
     on_gpu = [False]
 
     def host(value: Any) -> Any:

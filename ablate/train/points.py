@@ -65,7 +65,8 @@ def checkpoint(t: Any, interval: tuple[torch.Tensor, torch.Tensor], wait: bool =
     if t.dist.is_main:
         recorder.flush()
         try:
-            t.checkpoints.save(t.ckpt_path, snapshot(t.model, t.optimizer, t.scaler, progress, t.identity), wait)
+            state = snapshot(t.model, t.optimizer, t.scaler, progress, t.identity, copied=not wait)
+            t.checkpoints.save(t.ckpt_path, state, wait)
         except AblateError as exc:  # raised after the barrier: the other ranks do not wait for rank 0 forever
             failed = exc
     if t.dist.distributed:

@@ -166,6 +166,24 @@ def test_a_wall_clock_budget_is_read_as_the_steps_a_solo_run_makes_in_it(tmp_pat
     assert f"trained their 1 s wall clock as the {steps:,} steps a solo run makes in it on cpu" in said
 
 
+def test_a_wall_clock_with_charged_evals_is_read_as_the_steps_that_fit_beside_them(tmp_path):
+    """The studies' recipe charges its evals to the clock (the whole split every 4,000 steps within 12 h): the
+    steps a solo run makes are fewer by the evals they bring. 12 h at 0.1 s a step and 300 s an eval every 4,000
+    steps (plus one at half the budget): (43,200 - 300) / (0.1 + 300 / 4,000) = 245,142 steps, not 432,000."""
+    from ablate.train.members import steps_in
+
+    studies = make_trial(eval={"at": [0.5], "every_steps": 4000, "charged": True})
+    assert steps_in(43_200, 0.1, 300.0, studies) == 245_142
+    assert steps_in(43_200, 0.1, 0.0, make_trial()) == 432_000
+    trials = [make_trial(seed, budget={"wall_clock": "1s"}, eval={"at": [0.5], "every_steps": 20, "charged": True})
+              for seed in (0, 1)]
+    url, ids, outcomes = fused_runs(tmp_path, trials)
+    read = store.get_run(store.connect(url), ids[0]).notes["budget_read"]
+    assert read["eval_seconds"] > 0 and all(o["status"] == "completed" for o in outcomes)
+    # the notes keep the seconds rounded: the steps they give may differ by one
+    assert abs(read["steps"] - steps_in(1.0, read["solo_step_seconds"], read["eval_seconds"], trials[0])) <= 1
+
+
 def test_fp16_members_keep_their_own_loss_scale_and_equal_their_solo_runs(tmp_path):
     """fp16 (a v100 sweep's precision): each member is scaled, unscaled and stepped by its own loss scale, as its own
     GradScaler does alone; within 1e-4 of its solo run (fp16 keeps 11 bits: the points part by 1e-6 to 3e-5 here),
