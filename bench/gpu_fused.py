@@ -36,7 +36,7 @@ def fused(part: Any) -> None:
 
     def make(arch: str, d: int, seed: int) -> Any:
         return trial_for(arch, {"steps": steps}, d, context, batch, precision).model_copy(
-            update={"layers": layers, "seed": seed, "eval": trial_for(arch, {"steps": 1}, d, 8, 1).eval})
+            update={"layers": layers, "seed": seed})
 
     def settings() -> Any:
         return TrainerSettings(artifacts=part.work, progress=False, resume=False, checkpoint_every=1e9, device=device)
@@ -66,8 +66,11 @@ def fused(part: Any) -> None:
             except Exception as exc:  # noqa: BLE001 - a group's failure (out of memory) is a row
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
             if part.has_time(f"{arch} d {d} k {k} packed", (30 + 2 * k) if part.gpu else 20 + 5 * k):
-                row["packed_tok_s"] = packed([make(arch, d, seed) for seed in range(k)], part, device)
-                row["packed_vs_alone"] = row["packed_tok_s"] / alone
+                try:
+                    row["packed_tok_s"] = packed([make(arch, d, seed) for seed in range(k)], part, device)
+                    row["packed_vs_alone"] = row["packed_tok_s"] / alone
+                except Exception as exc:  # noqa: BLE001 - k processes out of memory is a row too
+                    row["error"] = (row.get("error", "") + f" packed: {type(exc).__name__}: {exc}")[:300]
             part.row(**row)
             part.free()
     part.note(f"steps budgets of {steps}; fused_vs_alone is the fused group's tokens/s over one trial's alone (one "
@@ -86,6 +89,8 @@ def packed(trials: list[Any], part: Any, device: str) -> float:
     outs = []
     for p in procs:
         stdout, _ = p.communicate(timeout=max(part.left(), 30))
+        if p.returncode != 0:
+            raise RuntimeError(f"a packed trainer exited {p.returncode}")
         outs.append(json.loads(stdout.strip().splitlines()[-1]))
     return sum(o["tokens"] for o in outs) / max(o["train_seconds"] for o in outs)
 

@@ -76,7 +76,7 @@ def trial(run_id: int, launch: LaunchOptions | None = None, retry_failed: bool =
 
 @flow(name="fused")
 def fused(run_ids: list[int], launch: LaunchOptions | None = None) -> Any:
-    """Claim the runs and train them as one fused group in one trainer process (ablate/runner/groups.py); their
+    """Claim the runs and train them as one fused group in one trainer process (runner.run_group); their
     statuses. Failed when any member failed, Cancelled when any was cancelled, as the trial flow says of one."""
     opts = launch or LaunchOptions(warm=False)
     try:
@@ -195,6 +195,9 @@ def _train(log: Any, registered: runner.Registration, opts: LaunchOptions, gpu_s
         ride_out(lambda: check_deployment(registered.hardware, TRIAL_PARAMETERS), log, "reading the trial deployment")
         # before any dispatch: a cancel from now on finds the sweep
         ride_out(lambda: label_sweep_flow_run(engine, name), log, "labelling the sweep flow run")
+        if registered.fuse != "off":  # said, not silently dropped
+            log.warning("fuse: %s applies where a sweep trains here (`ablate sweep run`); a pool's workers train each "
+                        "run of sweep %s alone", registered.fuse, name)
 
         # runs training under an earlier sweep flow run of this sweep (one that died: a run of the deployment
         # again resumes the sweep) are watched, not dispatched twice
