@@ -33,8 +33,8 @@ def read_wall_clock(members: list[Trainer], settings: TrainerSettings) -> None:
     for t in owed:
         t.reading = ("steps", steps)
         t.progress.notes["budget_read"] = {"wall_clock_seconds": amount, "steps": steps, "device": t.device_name,
-                                           "solo_step_seconds": round(seconds, 6), "probe_steps": PROBE_STEPS,
-                                           **({"eval_seconds": round(eval_seconds, 4)} if eval_seconds else {})}
+                                           "solo_step_seconds": seconds, "probe_steps": PROBE_STEPS,
+                                           **({"eval_seconds": eval_seconds} if eval_seconds else {})}
 
 
 def steps_in(amount: float, step: float, eval_seconds: float, trial: TrialConfig) -> int:

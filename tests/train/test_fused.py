@@ -180,8 +180,7 @@ def test_a_wall_clock_with_charged_evals_is_read_as_the_steps_that_fit_beside_th
     url, ids, outcomes = fused_runs(tmp_path, trials)
     read = store.get_run(store.connect(url), ids[0]).notes["budget_read"]
     assert read["eval_seconds"] > 0 and all(o["status"] == "completed" for o in outcomes)
-    # the notes keep the seconds rounded: the steps they give may differ by one
-    assert abs(read["steps"] - steps_in(1.0, read["solo_step_seconds"], read["eval_seconds"], trials[0])) <= 1
+    assert read["steps"] == steps_in(1.0, read["solo_step_seconds"], read["eval_seconds"], trials[0])
 
 
 def test_fp16_members_keep_their_own_loss_scale_and_equal_their_solo_runs(tmp_path):
