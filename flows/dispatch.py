@@ -30,6 +30,9 @@ What a cluster does to trials, and what happens here (every ABLATE_DISPATCH_POLL
   workers are checked again only WORKER_CHECK_SECONDS later, once they have beaten); a trial flow run whose
   process ended meanwhile stays Running in Prefect, so a run whose row has its outcome is taken from the row (its
   flow run marked Crashed once that is older than the stale limit, freeing the slot);
+- a fused group (`fuse:`, ablate/runner/groups.py): one trial flow run trains its runs in one trainer on one
+  worker; a member that ends early leaves the group, a member cancelled is stopped alone (the flow run is cancelled
+  once none trains), and the members owed when the flow run ends or dies go out again as one group;
 - a sweep flow run started again (its first one died anyway): runs still training under the first one's
   trial flow runs are watched through those (found by their tag), not dispatched twice.
 """
@@ -46,6 +49,7 @@ import sqlalchemy as sa
 
 from ablate import runner, store
 from ablate.config.errors import AblateError
+from ablate.config.units import HARDWARE_PROFILES
 from ablate.config.settings import environment
 from flows.cancel import (CANCEL_CHECK_SECONDS, cancel_flow_run, cancel_trials, cancelled_in_prefect,
                           stop_if_cancelled)
@@ -69,10 +73,12 @@ class Dispatched:
 
 
 def dispatch_to_pool(hardware: str, todo: list[int], opts: runner.LaunchOptions, engine: sa.Engine,
-                     log: Any, attach: list[int] = ()) -> Dispatched:
+                     log: Any, attach: list[int] = (), fuse: str = "off") -> Dispatched:
     """Run each of `todo` as a flow run of `trial/<hardware>` (with `opts` as its parameters) and watch them, and
     `attach` (runs another sweep flow run dispatched, still training) through their trial flow runs. A run
-    dispatched again after a host failed it goes to another live host (flows/hosts.py)."""
+    dispatched again after a host failed it goes to another live host (flows/hosts.py). Under `fuse`, each fused
+    group (ablate/runner/groups.py) is one trial flow run, on one worker; its members owed when it ends go again
+    as one group."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.runtime import flow_run as this_flow_run
@@ -87,27 +93,32 @@ def dispatch_to_pool(hardware: str, todo: list[int], opts: runner.LaunchOptions,
 
     tag = run_tag(engine)
 
-    def submit(rid: int, host: str | None = None) -> None:
-        """A trial flow run for `rid`: on the queue of `host` (a host that has not failed it), else the pool's."""
-        again = {"scheduled_time": first_dispatch - dt.timedelta(seconds=1)} if dispatches[rid] else {}
+    def submit(ids: list[int], host: str | None = None) -> None:
+        """One trial flow run for the runs `ids` (one, or a fused group): on the queue of `host` (a host that has
+        not failed them), else the pool's."""
+        first = ids[0]
+        again = {"scheduled_time": first_dispatch - dt.timedelta(seconds=1)} if dispatches[first] else {}
         # the same key for a retried request: a creation whose answer was lost in an outage is not made twice
-        key = f"{this_flow_run.id}:{rid}:{dispatches[rid]}"
+        key = f"{this_flow_run.id}:{','.join(map(str, ids))}:{dispatches[first]}"
         queue = runner.host_queue(host) if host else None
+        group = {"run_ids": ids} if len(ids) > 1 else {}  # a solo trial's parameters are what older workers take
         flow_run = ride_out(lambda: run_deployment(
-            f"trial/{hardware}", parameters={"run_id": rid, "launch": opts.for_trial_flow(), "database": database},
-            timeout=0, as_subflow=True, tags=[tag(rid)], idempotency_key=key, work_queue_name=queue, **again),
-            log, f"dispatching run {rid}")
-        live[rid] = flow_run.id
-        dispatches[rid] += 1
-        if host:
-            done.steered[rid] = (host, dt.datetime.now(dt.timezone.utc))
-        else:
-            done.steered.pop(rid, None)
+            f"trial/{hardware}", parameters={"run_id": first, **group, "launch": opts.for_trial_flow(),
+                                             "database": database},
+            timeout=0, as_subflow=True, tags=[tag(rid) for rid in ids], idempotency_key=key, work_queue_name=queue,
+            **again), log, f"dispatching {'run' if len(ids) == 1 else 'runs'} {','.join(map(str, ids))}")
+        for rid in ids:
+            live[rid] = flow_run.id
+            dispatches[rid] += 1
+            if host:
+                done.steered[rid] = (host, dt.datetime.now(dt.timezone.utc))
+            else:
+                done.steered.pop(rid, None)
 
     with get_client(sync_client=True) as client:
         ride_out(lambda: check_workers(client, hardware, log), log, "checking the pool's workers")
-        for rid in todo:
-            submit(rid)
+        for ids in runner.plan_groups(engine, todo, fuse, pool_gpus(hardware)):
+            submit(ids)
         if attach:
             found = ride_out(lambda: _trial_flow_runs(client, [tag(rid) for rid in attach]), log, "finding trials")
             for rid in attach:
@@ -138,78 +149,111 @@ def dispatch_to_pool(hardware: str, todo: list[int], opts: runner.LaunchOptions,
 
 def _watch_once(client: Any, engine: sa.Engine, live: dict[int, Any], done: Dispatched, submit: Any, pool: str,
                 log: Any) -> int:
-    """One look at every trial flow run still live and its run row; returns how many wait for a worker."""
+    """One look at every trial flow run still live and its runs' rows; returns how many runs wait for a worker."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.states import Cancelled, Crashed
 
-    known = [fid for fid in live.values() if fid is not None]
+    known = list({fid for fid in live.values() if fid is not None})
     flows = {fr.id: fr for fr in client.read_flow_runs(
         flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=known)), limit=len(known))} if known else {}
     with store.session_factory(engine)() as session:
         rows = {r.id: r for r in session.scalars(sa.select(store.Run).where(store.Run.id.in_(list(live))))}
-    waiting, dispatches, results = 0, done.dispatches, done.results
+    by_flow: dict[Any, dict[int, store.Run]] = {}  # a fused group's runs share their trial flow run
     for rid, fid in list(live.items()):
-        state, row = (flows[fid].state if fid in flows else None), rows.get(rid)
+        row = rows.get(rid)
         if row is None:  # deleted meanwhile (an edit of the spec dropped it): nothing is owed
             del live[rid]
-            continue
-        if row.status not in runner.UNSETTLED and (state is None or not state.is_final()) and _settled_long_ago(row, fid):
-            # the row has the outcome but the trial flow run never said so (its process ended while the API was
-            # away, or there is none): the row is the truth; a flow run still Running is marked Crashed
-            if state is not None:
-                client.set_flow_run_state(fid, Crashed(message=f"run {rid} ended {row.status} (in the results DB) "
-                                                               "while its flow run could not report it"), force=True)
-            results[rid] = row.status
+        elif fid is not None:
+            by_flow.setdefault(fid, {})[rid] = row
+        elif row.status not in runner.UNSETTLED:  # no flow run known (attached): the row is the truth
+            done.results[rid] = row.status
             del live[rid]
-            continue
-        if fid is None:  # no flow run known (attached): a run whose trainer is gone is owed
-            if runner.owed(row):
-                submit(rid)
-            continue
-        if state is None:
-            continue
-        if row.status == "cancelled" and not state.is_final():
-            cancel_flow_run(client, fid, state)
-        elif state.is_final():
-            if row.status == "running" and store.is_live(row):
-                # its flow run ended but the row is still claimed: by a trainer that is ending, by another process
-                # that took the run, or by a flow process that died between its claim and its trainer's start.
-                # Never taken as trained: watched until the row has an outcome or its heartbeat goes stale (owed)
-                continue
-            owed = runner.owed(row)
-            if owed and dispatches[rid] < MAX_DISPATCHES and not runner.STOP.is_set():
-                submit(rid, redispatch_host(client, pool, rid, row, state, done.failures.setdefault(rid, []), log))
-            else:
-                if owed and (state.is_failed() or state.is_crashed()):  # the last one's error, for the sweep's end
-                    done.failures.setdefault(rid, []).append(first_error(state))
-                results[rid] = row.status
-                del live[rid]
-        elif (state.is_running() or state.is_pending()) and _dead(row, state):
-            # Pending too: a worker stopped (a drain, a kill) while it was starting the flow run leaves it Pending
-            # for ever, and no worker takes a Pending flow run
-            beat = f"{(store.utcnow() - row.heartbeat_at).total_seconds():.0f} s ago" if row.heartbeat_at else "never"
-            log.warning("run %s: its trainer on %s last beat %s, its trial flow run %s since %s (the machine or its "
-                        "worker died): that flow run is marked Crashed, freeing the pool slot, and the run is "
-                        "dispatched again; it resumes from its last checkpoint on any worker", rid,
-                        row.host or "an unknown host", beat, state.name, _clock(state.timestamp))
-            client.set_flow_run_state(fid, Crashed(message=f"run {rid}: trainer heartbeat stale ({beat}); "
-                                                           "re-dispatched by the sweep flow"), force=True)
-            submit(rid)
-        elif state.is_scheduled() and rid in done.steered and (
-                waited := host_gone(client, pool, *done.steered[rid])) is not None:
-            # sent to a host that has stopped since (Prefect may list it online for three missed beats): not left
-            # waiting for it while other hosts idle
-            host = done.steered[rid][0]
-            log.warning("run %s waited %.0f s on the queue of host %s, which went quiet (no heartbeat within its "
-                        "bound since the run was sent or since its last beat: its worker stopped or its machine "
-                        "froze): sent to any worker instead", rid, waited, host)
-            client.set_flow_run_state(fid, Cancelled(message=f"host {host} went quiet (no heartbeat within its bound): "
-                                                             f"run {rid}, {waited:.0f} s on its queue, sent to any "
-                                                             "worker"), force=True)
-            submit(rid)
-        elif state.is_scheduled() or state.is_pending():
-            waiting += 1
-    return waiting
+        elif runner.owed(row):  # attached, and its trainer is gone
+            submit([rid])
+    return sum(_watch_flow_run(client, fid, flows[fid].state if fid in flows else None, members, live, done, submit,
+                               pool, log) for fid, members in by_flow.items())
+
+
+def _watch_flow_run(client: Any, fid: Any, state: Any, members: dict[int, store.Run], live: dict[int, Any],
+                    done: Dispatched, submit: Any, pool: str, log: Any) -> int:
+    """One look at a trial flow run (`state`, None when Prefect did not list it) and the rows of its runs (one, or a
+    fused group's: a member that ends early leaves the group training); how many of them wait for a worker."""
+    from prefect.states import Cancelled, Crashed
+
+    def settle(rids: Any) -> None:
+        for rid in rids:
+            done.results[rid] = members[rid].status
+            del live[rid]
+
+    unsettled = [rid for rid, row in members.items() if row.status in runner.UNSETTLED]
+    if not unsettled and (state is None or not state.is_final()) and all(
+            _settled_long_ago(row, fid) for row in members.values()):
+        # the rows have the outcome but the trial flow run never said so (its process ended while the API was
+        # away, or there is none): the rows are the truth; a flow run still Running is marked Crashed
+        if state is not None:
+            ended = ", ".join(f"run {rid} {row.status}" for rid, row in members.items())
+            client.set_flow_run_state(fid, Crashed(message=f"{ended} (in the results DB) while its flow run could "
+                                                           "not report it"), force=True)
+        settle(list(members))
+        return 0
+    if state is None:
+        return 0
+    if not unsettled and not state.is_final():
+        if any(row.status == "cancelled" for row in members.values()):  # a member of a group training on is
+            cancel_flow_run(client, fid, state)  # stopped by its trainer alone, at its heartbeat
+    elif state.is_final():
+        # a row still claimed after its flow run ended: by a trainer that is ending, by another process that took
+        # the run, or by a flow process that died between its claim and its trainer's start. Never taken as
+        # trained: watched until the row has an outcome or its heartbeat goes stale (owed)
+        ended = [rid for rid, row in members.items() if not (row.status == "running" and store.is_live(row))]
+        owed = [rid for rid in ended if runner.owed(members[rid])]
+        again = [rid for rid in owed if done.dispatches[rid] < MAX_DISPATCHES] if not runner.STOP.is_set() else []
+        if again:
+            submit(again, redispatch_host(client, pool, again, members[again[0]], state, done.failures, log))
+        if set(owed) - set(again) and (state.is_failed() or state.is_crashed()):  # the last error, for the end
+            for rid in set(owed) - set(again):
+                done.failures.setdefault(rid, []).append(first_error(state))
+        settle(rid for rid in ended if rid not in again)
+    elif (state.is_running() or state.is_pending()) and all(_dead(members[rid], state) for rid in unsettled):
+        # Pending too: a worker stopped (a drain, a kill) while it was starting the flow run leaves it Pending
+        # for ever, and no worker takes a Pending flow run
+        row = members[unsettled[0]]
+        beat = f"{(store.utcnow() - row.heartbeat_at).total_seconds():.0f} s ago" if row.heartbeat_at else "never"
+        runs = _runs(unsettled)
+        log.warning("%s: its trainer on %s last beat %s, its trial flow run %s since %s (the machine or its "
+                    "worker died): that flow run is marked Crashed, freeing the pool slot, and %s dispatched again; "
+                    "it resumes from its last checkpoint on any worker", runs, row.host or "an unknown host", beat,
+                    state.name, _clock(state.timestamp), "it is" if len(unsettled) == 1 else "they are")
+        client.set_flow_run_state(fid, Crashed(message=f"{runs}: trainer heartbeat stale ({beat}); "
+                                                       "re-dispatched by the sweep flow"), force=True)
+        settle(rid for rid in members if rid not in unsettled)
+        submit(unsettled)
+    elif state.is_scheduled() and unsettled[0] in done.steered and (
+            waited := host_gone(client, pool, *done.steered[unsettled[0]])) is not None:
+        # sent to a host that has stopped since (Prefect may list it online for three missed beats): not left
+        # waiting for it while other hosts idle
+        host, runs = done.steered[unsettled[0]][0], _runs(unsettled)
+        log.warning("%s waited %.0f s on the queue of host %s, which went quiet (no heartbeat within its bound since "
+                    "it was sent or since its last beat: its worker stopped or its machine froze): sent to any worker "
+                    "instead", runs, waited, host)
+        client.set_flow_run_state(fid, Cancelled(message=f"host {host} went quiet (no heartbeat within its bound): "
+                                                         f"{runs}, {waited:.0f} s on its queue, sent to any worker"),
+                                  force=True)
+        settle(rid for rid in members if rid not in unsettled)
+        submit(unsettled)
+    elif state.is_scheduled() or state.is_pending():
+        return len(unsettled)
+    return 0
+
+
+def _runs(rids: list[int]) -> str:
+    return f"run {rids[0]}" if len(rids) == 1 else f"runs {', '.join(map(str, rids))}"
+
+
+def pool_gpus(hardware: str) -> int:
+    """The GPUs `fuse: auto` counts on a worker of pool `hardware`: one for a GPU profile's pool, none for `cpu` or a
+    pool named by no profile (auto fuses nothing there; `seeds` and `shapes` fuse on any pool)."""
+    profile = HARDWARE_PROFILES.get(hardware)
+    return 0 if profile is None or profile.device == "cpu" else 1
 
 
 def _settled_long_ago(row: store.Run, fid: Any) -> bool:

@@ -83,23 +83,26 @@ def _beating(worker: Any) -> bool:
     return (dt.datetime.now(dt.timezone.utc) - worker.last_heartbeat_time).total_seconds() <= _beat_bound(worker)
 
 
-def redispatch_host(client: Any, pool: str, rid: int, row: store.Run, state: Any, failed_on: list[str],
-                    log: Any) -> str | None:
-    """A run owed after its trial flow run ended (`state`) goes again: to the queue of a live host that has not
-    failed it when it failed on some (`failed_on`: its failures so far, `[host NAME] error`, this one added): that
-    host's name; else None (the pool's default queue). Said in the sweep's log: why, on which host, its checkpoint."""
+def redispatch_host(client: Any, pool: str, rids: list[int], row: store.Run, state: Any,
+                    failures: dict[int, list[str]], log: Any) -> str | None:
+    """Runs owed after their trial flow run ended (`state`; one run, or a fused group's members, `row` the first's)
+    go again: to the queue of a live host that has not failed them when they failed on some (`failures`: each run's
+    failures so far, `[host NAME] error`, this one added): that host's name; else None (the pool's default queue).
+    Said in the sweep's log: why, on which host, their checkpoint."""
     why = first_error(state)
     if state.is_failed() or state.is_crashed():
-        failed_on.append(why)
-    bad = {host_of(m) for m in failed_on} - {None}
+        for rid in rids:
+            failures.setdefault(rid, []).append(why)
+    bad = {host_of(m) for rid in rids for m in failures.get(rid, [])} - {None}
     others = [h for h in live_hosts(client, pool) if h not in bad] if bad else []
-    target = others[rid % len(others)] if others else None
+    target = others[rids[0] % len(others)] if others else None
     checkpoint = (f"it resumes from its checkpoint (step {row.last_step})" if row.checkpoint_path
                   else "it has no checkpoint: it starts from the beginning")
     where = (f"to host {target}, which has not failed it" if target else
              "to any worker (every live host has failed it)" if bad else "to any worker")
-    log.warning("run %s is owed (%s) after its trial flow run ended %s (%s): dispatched again %s; %s", rid,
-                row.status, state.name, why, where, checkpoint)
+    runs = (f"run {rids[0]} is owed ({row.status}) after its" if len(rids) == 1 else
+            f"runs {', '.join(map(str, rids))} (a fused group) are owed ({row.status}) after their")
+    log.warning("%s trial flow run ended %s (%s): dispatched again %s; %s", runs, state.name, why, where, checkpoint)
     return target
 
 

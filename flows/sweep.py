@@ -43,7 +43,7 @@ class TrialsFailed(Exception):
 # get_run_logger(); warnings of the runner go to the worker's stderr.
 @flow(name="trial")
 def trial(run_id: int, launch: LaunchOptions | None = None, retry_failed: bool = False,
-          database: str | None = None) -> Any:
+          database: str | None = None, run_ids: list[int] | None = None) -> Any:
     """Claim one run and train it (resuming from its checkpoint); its status. A run another process holds,
     finished or that a user cancelled is left alone. (`retry_failed` is kept for older deployments: the sweep
     flow makes cancelled runs it retries pending before dispatching them.) `launch`: the sweep's LaunchOptions,
@@ -51,46 +51,35 @@ def trial(run_id: int, launch: LaunchOptions | None = None, retry_failed: bool =
     (ablate/runner/warm.py), which the sweep flow's local trials share, while a deployment's trial runs alone in its
     flow-run process, where a helper would cost more than it saves, so it starts cold (the default here).
     `database`: the id of the sweep's results DB, given by a cluster sweep: this host's DB (`launch.db_url` or
-    ABLATE_DB_URL) must be that one, or the trial fails before touching any database.
+    ABLATE_DB_URL) must be that one, or the trial fails before touching any database. `run_ids`: a fused group
+    (`run_id` first; ablate/runner/groups.py) claimed and trained in one trainer process (runner.run_group):
+    {run id: status}, Failed when any member failed, Cancelled when any was cancelled, as of one run.
     An error says this host first (flows/hosts.py), so that the sweep sends the run elsewhere."""
+    ids = list(run_ids) if run_ids else [run_id]
+    runs = f"run {run_id}" if len(ids) == 1 else f"runs {ids}"
     opts = launch or LaunchOptions(warm=False)
     claimed: list[bool] = []
     try:
         if database is not None:
             opts = opts.but(db_url=runner.cluster_db_url(opts.db_url, database))
-        status = runner.run_trial(run_id, opts, on_claimed=lambda: claimed.append(True))
+        statuses = runner.run_group(ids, opts, on_claimed=lambda: claimed.append(True))
     except Exception as exc:  # a host-level fault (no DB, a missing driver, a full or read-only disk), before the
-        # run is claimed or after (the claim is then given back): the sweep sends the run elsewhere
-        message = tagged(f"run {run_id}: {one_line(exc, 'the worker log')}")
+        # runs are claimed or after (the claims are then given back): the sweep sends the runs elsewhere
+        message = tagged(f"{runs}: {one_line(exc, 'the worker log')}")
         say_trial(False, message)  # `ablate worker` drains a host that fails trials in a row (flows/health.py)
         raise TrialFailed(message) from exc
     if claimed:  # a run left alone (held or finished elsewhere) says nothing of this host's health
         say_trial(True)
-    get_run_logger().info("run %s: %s", run_id, status)
-    if status == "failed":
-        raise TrialFailed(tagged(f"run {run_id} failed: {_reason(store.connect(opts.db_url), run_id)}"))
-    if status == "cancelled":
-        return Cancelled(message=f"run {run_id} was cancelled")
-    return status
-
-
-@flow(name="fused")
-def fused(run_ids: list[int], launch: LaunchOptions | None = None) -> Any:
-    """Claim the runs and train them as one fused group in one trainer process (runner.run_group); their
-    statuses. Failed when any member failed, Cancelled when any was cancelled, as the trial flow says of one."""
-    opts = launch or LaunchOptions(warm=False)
-    try:
-        statuses = runner.run_group(run_ids, opts)
-    except Exception as exc:  # a host-level fault before or after the claims (given back)
-        raise TrialFailed(tagged(f"runs {run_ids}: {one_line(exc, 'the worker log')}")) from exc
-    get_run_logger().info("fused runs %s: %s", run_ids, statuses)
-    failed = [rid for rid, status in statuses.items() if status == "failed"]
+    get_run_logger().info("%s: %s", runs, statuses[run_id] if len(ids) == 1 else statuses)
+    failed = [rid for rid in ids if statuses[rid] == "failed"]
     if failed:
         engine = store.connect(opts.db_url)
-        raise TrialFailed("; ".join(f"run {rid} failed: {_reason(engine, rid)}" for rid in failed))
-    if "cancelled" in statuses.values():
-        return Cancelled(message=f"runs {[r for r, s in statuses.items() if s == 'cancelled']} were cancelled")
-    return statuses
+        raise TrialFailed(tagged("; ".join(f"run {rid} failed: {_reason(engine, rid)}" for rid in failed)))
+    cancelled = [rid for rid in ids if statuses[rid] == "cancelled"]
+    if cancelled:
+        return Cancelled(message=f"run {cancelled[0]} was cancelled" if len(cancelled) == 1
+                         else f"runs {cancelled} were cancelled")
+    return statuses[run_id] if len(ids) == 1 else statuses
 
 
 TRIAL_PARAMETERS = frozenset(inspect.signature(trial.fn).parameters)  # what a trial deployment may store
@@ -134,7 +123,8 @@ def sweep(spec: str, db_url: str | None = None, artifacts: str = "results/artifa
     the trials at once. `registered`: the sweep as `ablate sweep run` registered it from `spec` a moment before
     (its data built, its runs written): the flow runs those runs, without reading and registering the spec again
     (the overrides, `merge` and `prepare_data` are then what that registration used). `fuse`: train the runs
-    here in fused groups (off, seeds, shapes, auto: ablate/config/fusion.py); default, the spec's `fuse:`.
+    in fused groups (off, seeds, shapes, auto: ablate/config/fusion.py), here or a group to one worker of the pool;
+    default, the spec's `fuse:`.
     """
     log = get_run_logger()
     try:
@@ -195,15 +185,12 @@ def _train(log: Any, registered: runner.Registration, opts: LaunchOptions, gpu_s
         ride_out(lambda: check_deployment(registered.hardware, TRIAL_PARAMETERS), log, "reading the trial deployment")
         # before any dispatch: a cancel from now on finds the sweep
         ride_out(lambda: label_sweep_flow_run(engine, name), log, "labelling the sweep flow run")
-        if registered.fuse != "off":  # said, not silently dropped
-            log.warning("fuse: %s applies where a sweep trains here (`ablate sweep run`); a pool's workers train each "
-                        "run of sweep %s alone", registered.fuse, name)
 
         # runs training under an earlier sweep flow run of this sweep (one that died: a run of the deployment
         # again resumes the sweep) are watched, not dispatched twice
         attach = [r.id for r in runner.sweep_runs(engine, name)
                   if r.id in run_ids and r.id not in todo and r.status == "running"]
-        done = dispatch_to_pool(registered.hardware, todo, opts, engine, log, attach=attach)
+        done = dispatch_to_pool(registered.hardware, todo, opts, engine, log, attach=attach, fuse=registered.fuse)
     else:
         done = _run_here(registered, todo, opts, gpu_slots, engine)
     from ablate.runner.race import is_adaptive
@@ -211,7 +198,7 @@ def _train(log: Any, registered: runner.Registration, opts: LaunchOptions, gpu_s
     if is_adaptive(engine, name):  # the claims decide the next seeds, round after round
         def run(ids: list[int]) -> Any:
             if use_deployments:
-                return dispatch_to_pool(registered.hardware, ids, opts, engine, log)
+                return dispatch_to_pool(registered.hardware, ids, opts, engine, log, fuse=registered.fuse)
             return _run_here(registered, ids, opts, gpu_slots, engine)
 
         _race(log, engine, name, done, run, retry_failed)
@@ -256,8 +243,7 @@ def _run_here(registered: runner.Registration, todo: list[int], opts: LaunchOpti
     def one(group: list[int], gpu_ids: list[int] | None) -> None:
         # a failed trial is in its row, read below; one that failed before claiming it says why in its state
         launch = opts.but(gpu_ids=gpu_ids, warm=warm)
-        state = (trial(group[0], launch, return_state=True) if len(group) == 1
-                 else fused(group, launch, return_state=True))
+        state = trial(group[0], launch, run_ids=group if len(group) > 1 else None, return_state=True)
         for rid in group:
             done.dispatches[rid] += 1
             if state.is_failed():

@@ -81,14 +81,28 @@ def train_group(trials: list[TrialConfig], settings: list[TrainerSettings]) -> l
 
 
 def alone(trials: list[TrialConfig], settings: list[TrainerSettings], reason: str) -> list[Outcome]:
-    """Each run trained solo in this process; once one is stopped (a cancel, SIGTERM), the rest are given back."""
+    """Each run trained solo in this process; once one is stopped (SIGTERM: `preempted`), the rest are given back.
+    A run cancelled meanwhile (its row, from any host) is not started; the others train."""
     outcomes: list[Outcome] = []
     for trial, s in zip(trials, settings):
-        if outcomes and outcomes[-1]["status"] in ("preempted", "cancelled"):
+        if outcomes and outcomes[-1]["status"] == "preempted":
             outcomes.append(give_back(s))
-            continue
-        outcomes.append(train(trial, dataclasses.replace(s, notes={"fused": {"refused": reason}})))
+        elif _cancelled(s):
+            outcomes.append(Outcome(status="cancelled"))
+        else:
+            outcomes.append(train(trial, dataclasses.replace(s, notes={"fused": {"refused": reason}})))
     return outcomes
+
+
+def _cancelled(s: TrainerSettings) -> bool:
+    """Whether a member's run was cancelled before its turn (its claim then dropped, as a stopped trainer's is)."""
+    if s.run_id is None:
+        return False
+    engine = store.connect(s.db_url)
+    if store.get_run(engine, s.run_id).status != "cancelled":
+        return False
+    store.update_run(engine, s.run_id, pid=None, finished_at=store.utcnow())
+    return True
 
 
 def give_back(s: TrainerSettings) -> Outcome:

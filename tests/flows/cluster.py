@@ -188,6 +188,13 @@ def trainers(run_ids: list[int], cluster: Cluster) -> list[int]:
                 continue
     return found
 
+def sweep_rows(engine, sweep: str) -> list:
+    """The sweep's run rows, by id."""
+    with engine.connect() as conn:
+        return conn.execute(sa.select(store.Run).join(store.Sweep).where(store.Sweep.name == sweep)
+                            .order_by(store.Run.id)).all()
+
+
 def both_training(cluster, engine, sweep: str) -> list[int]:
     """The ids of the sweep's two runs, once both train (a step logged, a trainer process each)."""
     deadline = Deadline(240)

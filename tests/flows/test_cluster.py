@@ -1,6 +1,7 @@
 """The lab cluster when a machine dies or a sweep is cancelled, for real (tests/flows/cluster.py): a worker's whole
 process tree is killed mid-trial (a machine dying), a hub dataset is missing offline, a pool has no worker, a sweep
-flow run is cancelled, a search flow run's machine dies, a plugin file only the laptop saw.
+flow run is cancelled, a search flow run's machine dies, a plugin file only the laptop saw, a fused group's machine
+dies.
 
 No server outage here (tests/flows/test_cluster_outages.py has them), so `ablate deploy`'s automation crashes a flow
 run silent for 60 s: two of its 30 s beats (the dead-machine search test waits that out).
@@ -20,7 +21,7 @@ import sqlalchemy as sa
 import yaml
 
 from ablate import store
-from tests.flows.cluster import BIN, both_training, cluster_spec, deployed, kill_tree, trainers, tree
+from tests.flows.cluster import BIN, both_training, cluster_spec, deployed, kill_tree, sweep_rows, trainers, tree
 from tests.waiting import Deadline, patience, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
@@ -36,6 +37,7 @@ def cluster(tmp_path_factory):
          "search": {"parameters": {"lr": {"type": "float", "low": 1e-4, "high": 1e-3, "log": True}}, "n_trials": 1}},
         {**{k: v for k, v in cluster_spec("takeover", {"wall_clock": 20}, "lab", []).items() if k != "grid"},
          "search": {"parameters": {"lr": {"type": "float", "low": 1e-4, "high": 1e-3, "log": True}}, "n_trials": 2}},
+        {**cluster_spec("fused", {"wall_clock": 20}, "lab", [{"d_model": [32], "seeds": 3}]), "fuse": "seeds"},
         cluster_spec("hub", {"steps": 5}, "lab", [{"d_model": [32]}],
                      dataset={"source": "roneneldan/TinyStories", "eval": {"split": "validation"}}),
     ]
@@ -296,13 +298,9 @@ def test_a_search_worker_takes_over_the_trial_of_one_that_died(cluster):
     second = cluster.deployment_run("search/takeover", "checkpoint_every=2")
     engine = store.connect(cluster.url)
 
-    def rows():
-        with engine.connect() as conn:
-            return conn.execute(sa.select(store.Run).join(store.Sweep).where(store.Sweep.name == "takeover")
-                                .order_by(store.Run.id)).all()
-
     deadline = Deadline(240)
-    while not (len(now := rows()) == 2 and all(r.status == "running" and r.pid and r.checkpoint_path for r in now)):
+    while not (len(now := sweep_rows(engine, "takeover")) == 2
+               and all(r.status == "running" and r.pid and r.checkpoint_path for r in now)):
         deadline.check(now)
         time.sleep(0.5)
     victim_run = now[0]
@@ -315,13 +313,51 @@ def test_a_search_worker_takes_over_the_trial_of_one_that_died(cluster):
     killed = time.monotonic()
     deadline = Deadline(300)
     while not (state := cluster.flow_run(survivor_flow).state).is_final():
-        deadline.check(f"the surviving search flow run is still {state.name}: {rows()}")
+        deadline.check(f"the surviving search flow run is still {state.name}: {sweep_rows(engine, 'takeover')}")
         time.sleep(2)
     print(f"timings: the survivor ended {time.monotonic() - killed:.0f} s after the other machine died")
     assert state.is_completed(), state
-    done = rows()
+    done = sweep_rows(engine, "takeover")
     assert [r.status for r in done] == ["completed", "completed"], [(r.status, r.error) for r in done]
     assert done[0].attempts == 2  # resumed by the survivor
     logs = cluster.run(str(BIN / "prefect"), "flow-run", "logs", survivor_flow).stdout
     assert "search takeover: 2 trials run here" in logs, logs[-2000:]
+    cluster.workers[cluster.workers.index(victim)] = cluster.start(str(BIN / "ablate"), "worker", "--pool", "lab")
+
+
+def test_a_fused_group_trains_on_one_worker_and_goes_again_as_one_group_when_its_machine_dies(cluster):
+    """`fuse: seeds` on the pool: the cell's three seeds are one trial flow run, one trainer on one worker; that
+    machine is killed mid-group, its flow run is Crashed, and the three go out again as one group (one flow run),
+    which resumes each member from its checkpoint on the other worker: each trained once, to its budget."""
+    flow_run_id = cluster.deployment_run("sweep/fused", "checkpoint_every=2")
+    engine = store.connect(cluster.url)
+
+    deadline = Deadline(240)
+    while True:  # the group trains: one trainer for the three, each with a checkpoint on disk
+        now = sweep_rows(engine, "fused")
+        if len(now) == 3 and all(r.status == "running" and r.pid and (r.last_step or 0) > 0 and r.checkpoint_path
+                                 and Path(r.checkpoint_path).exists() for r in now) and len({r.pid for r in now}) == 1:
+            break
+        deadline.check(f"the group never trained: {[(r.status, r.pid, r.last_step) for r in now]}")
+        time.sleep(0.5)
+    ids = [r.id for r in now]
+    victim = next(w for w in cluster.workers if now[0].pid in tree(w.pid))
+    kill_tree(victim.pid, signal.SIGKILL)  # the machine dies: worker, flow run process and the group's trainer
+
+    deadline = Deadline(300)
+    while not (state := cluster.flow_run(flow_run_id).state).is_final():
+        now = sweep_rows(engine, "fused")
+        deadline.check(f"the sweep did not finish: {[(r.status, r.pid, r.last_step) for r in now]}")
+        time.sleep(1)
+    done = sweep_rows(engine, "fused")
+    assert state.is_completed(), state
+    assert [(r.status, r.attempts) for r in done] == [("completed", 2)] * 3, [(r.status, r.error) for r in done]
+    dispatched = [[fr.id for fr in cluster.trial_flow_runs(engine, rid)] for rid in ids]
+    assert len(dispatched[0]) == 2 and dispatched == [dispatched[0]] * 3, dispatched  # one flow run per dispatch
+    again = cluster.trial_flow_runs(engine, ids[0])[1]
+    assert again.parameters["run_ids"] == ids and again.state.is_completed(), (again.parameters, again.state)
+    for r in done:  # each member resumed where it stood, as a member of a group of three, and ran its budget
+        assert r.notes["fused"]["members"] == 3, r.notes
+        read = r.notes["budget_read"]
+        assert r.last_step == read["steps"], (r.last_step, read)
     cluster.workers[cluster.workers.index(victim)] = cluster.start(str(BIN / "ablate"), "worker", "--pool", "lab")

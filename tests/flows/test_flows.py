@@ -329,7 +329,7 @@ def test_launch_options_travel_whole_to_the_trial_flow_and_the_trainer(tmp_path)
     assert set(flat) == set(FLOW_FIELDS) and LaunchOptions(**flat) == opts.but(gpu_ids=None)
     assert set(FLOW_FIELDS) <= set(inspect.signature(sweep.fn).parameters)  # `--param checkpoint_every=2` and co.
     assert set(FLOW_FIELDS) - {"threads"} <= set(inspect.signature(search.fn).parameters)
-    assert set(inspect.signature(trial.fn).parameters) == {"run_id", "launch", "retry_failed", "database"}
+    assert set(inspect.signature(trial.fn).parameters) == {"run_id", "launch", "retry_failed", "database", "run_ids"}
     to_trial = LaunchOptions.model_validate(json.loads(json.dumps(opts.for_trial_flow())))
     assert to_trial == opts.but(gpu_ids=None, warm=False)  # a deployment's trial: its worker pins, it starts cold
 

@@ -116,15 +116,20 @@ def test_a_run_dispatched_again_is_not_judged_by_the_dead_trainer_before_its_new
 
 
 def _one_run(sqlite_url):
+    engine, ids = _seeds(sqlite_url, 1)
+    return engine, ids[0]
+
+
+def _seeds(sqlite_url, seeds: int):
     from ablate.config import expand_grid, parse_spec
 
     spec = parse_spec({"name": "o", "dataset": {"source": "ablate:tinystories-sample", "eval": {"holdout": 16}},
                        "tokenizer": {"vocab_size": 384}, "budget": {"steps": 5, "hardware": "cpu"},
                        "defaults": {"architecture": "mixer", "d_model": 32, "layers": 1, "context": 64,
-                                    "batch_size": 8, "lr": 1e-3}})
+                                    "batch_size": 8, "lr": 1e-3}, "grid": [{"seeds": seeds}]})
     engine = store.connect(sqlite_url)
     _, ids = store.register_sweep(engine, spec, expand_grid(spec))
-    return engine, ids[0]
+    return engine, ids
 
 
 def test_a_trial_whose_log_cannot_be_made_after_the_claim_gives_the_run_back(sqlite_url, tmp_path, monkeypatch):
@@ -205,6 +210,46 @@ def test_a_trial_flow_run_left_pending_by_a_stopped_worker_is_crashed_and_dispat
         monkeypatch.setenv("ABLATE_STALE_SECONDS", "1")
         time.sleep(1.5)
         assert _watch_once(client, engine, live, done, sent.append, "cpu", logging.getLogger("t")) == 0
-        assert sent == [rid]
+        assert sent == [[rid]]
         crashed = client.read_flow_run(fid).state
         assert crashed.is_crashed() and f"run {rid}" in crashed.message
+
+
+def test_a_fused_groups_one_trial_flow_run_is_watched_for_all_its_members(sqlite_url, prefect_api):
+    """A fused group's runs share one trial flow run (flows/dispatch.py), against a real Prefect API: a member that
+    ended long ago does not get the group's Running flow run marked Crashed while the others train, a member
+    cancelled does not cancel it (the group's trainer stops that member alone), and once it ends the members still
+    owed go out again as one group while the ended ones are settled."""
+    import datetime as dt
+    import logging
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed, Running
+
+    from flows.dispatch import _watch_once
+
+    @flow(name="trial-stand-in")
+    def stand_in() -> None:  # never run: a flow run needs a flow to belong to
+        pass
+
+    engine, ids = _seeds(sqlite_url, 4)
+    early, cancelled, c, d = ids
+    for rid in ids:  # the group's trainer holds and beats them all
+        assert store.claim_run(engine, rid, "gpu-a:1:x")
+    long_ago = store.utcnow() - dt.timedelta(seconds=store.stale_seconds() + 30)
+    store.update_run(engine, early, status="completed", finished_at=long_ago)
+    store.update_run(engine, cancelled, status="cancelled")
+    sent: list[list[int]] = []
+    with get_client(sync_client=True) as client:
+        fid = client.create_flow_run(stand_in, state=Running()).id
+        live, done = dict.fromkeys(ids, fid), Dispatched()
+        assert _watch_once(client, engine, live, done, lambda ids, host=None: sent.append(ids), "cpu", logging.getLogger("t")) == 0
+        assert client.read_flow_run(fid).state.is_running() and sent == [] and list(live) == ids, live
+        for rid in (c, d):  # the worker stopped: both checkpointed
+            store.update_run(engine, rid, status="preempted", claimed_by=None)
+        client.set_flow_run_state(fid, Crashed(message="the worker stopped"), force=True)
+        _watch_once(client, engine, live, done, lambda ids, host=None: sent.append(ids), "cpu", logging.getLogger("t"))
+    assert sent == [[c, d]], sent
+    assert done.results == {early: "completed", cancelled: "cancelled"} and set(live) == {c, d}
+    assert done.failures == {c: ["the worker stopped"], d: ["the worker stopped"]}, done.failures

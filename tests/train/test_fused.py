@@ -258,6 +258,19 @@ def test_a_model_that_does_not_vmap_trains_alone_and_says_why(tmp_path):
         assert "does not train batched" in refused and "random" in refused.lower(), refused
 
 
+def test_a_run_cancelled_before_its_turn_alone_is_skipped_and_the_rest_train(tmp_path):
+    """Trained one after another (gpt's dropout does not vmap), a member cancelled before its turn is not started
+    and ends `cancelled`; the member after it still trains (a cancel is that run's, not the group's)."""
+    trials = [make_trial(seed, architecture="gpt", heads=4, budget={"steps": 4}) for seed in (0, 1, 2)]
+    url = f"sqlite:///{tmp_path / 'fused.db'}"
+    ids = register(url, trials)
+    store.update_run(store.connect(url), ids[1], status="cancelled")
+    outcomes = train_group(trials, [settings(tmp_path / "fused", url, rid) for rid in ids])
+    assert [o["status"] for o in outcomes] == ["completed", "cancelled", "completed"]
+    rows = [store.get_run(store.connect(url), rid) for rid in ids]
+    assert [r.status for r in rows] == ["completed", "cancelled", "completed"] and not rows[1].steps
+
+
 def _claimed(url: str, ids: list[int]) -> str:
     claimant = store.new_claimant()
     for rid in ids:
