@@ -16,6 +16,7 @@ claims.py    trials_counted, requeue (a dead or interrupted worker's trial), stu
 study.py     open_storage (Optuna's tables on the results DB), create_study, make_sampler, make_pruner, load_study,
              default_seed; the heartbeat and grace periods
 follower.py  the eval follower: a run's intermediate evals reported to its trial, the heartbeat, the pruner's word
+gate.py      Gate: the parallel workers' runs gathered into fused groups, each member pruned alone
 trial.py     TrialOutcome and run_one: register and link the run row, train, follow or read it, tell the study
 loop.py      run_worker (claim, run, tell until n_trials) and run_search (the study, then its worker threads)
 report.py    build_search_report: best trial, importances, plots, trials.csv and summary.md

@@ -15,6 +15,7 @@ from ablate import runner, store
 from ablate.config.errors import AblateError
 from ablate.config import SweepSpec, load_spec
 from ablate.search.claims import claim, unfinished
+from ablate.search.gate import Gate
 from ablate.search.space import planned_trials
 from ablate.search.study import (GRACE_SECONDS, HEARTBEAT_SECONDS, create_study, default_seed, load_study,
                                  make_sampler, open_storage)
@@ -24,12 +25,25 @@ from ablate.search.trial import TrialOutcome, run_one
 def run_worker(spec: SweepSpec, storage: optuna.storages.RDBStorage, opts: runner.LaunchOptions, n_trials: int, *,
                seed: int | None, spec_path: str | None = None, poll_seconds: float = 1.0,
                heartbeat_seconds: float = HEARTBEAT_SECONDS, on_trial: Callable[[TrialOutcome], None] | None = None,
-               stop: threading.Event | None = None) -> list[TrialOutcome]:
+               stop: threading.Event | None = None, gate: Gate | None = None) -> list[TrialOutcome]:
     """One worker: claim a trial, run it, tell it; until the study holds n_trials, all finished (or `stop` is
-    set). While the last ones run under other workers it waits, and takes over one whose trainer died.
+    set). While the last ones run under other workers it waits, and takes over one whose trainer died. `gate`:
+    its runs train fused with the other workers' of this process (ablate/search/gate.py).
 
     With a seed, trial n samples with seed + n (reproducible for one worker, distinct across workers).
     """
+    try:
+        return _work(spec, storage, opts, n_trials, seed, spec_path, poll_seconds, heartbeat_seconds, on_trial, stop,
+                     gate)
+    finally:
+        if gate is not None:
+            gate.leave()
+
+
+def _work(spec: SweepSpec, storage: optuna.storages.RDBStorage, opts: runner.LaunchOptions, n_trials: int,
+          seed: int | None, spec_path: str | None, poll_seconds: float, heartbeat_seconds: float,
+          on_trial: Callable[[TrialOutcome], None] | None, stop: threading.Event | None,
+          gate: Gate | None) -> list[TrialOutcome]:
     study = load_study(spec, storage, seed)
     engine = store.connect(opts.db_url)
     outcomes = []
@@ -42,7 +56,7 @@ def run_worker(spec: SweepSpec, storage: optuna.storages.RDBStorage, opts: runne
             time.sleep(max(poll_seconds, 1.0))  # another worker's trial runs: taken over here if its trainer dies
             continue
         outcome = run_one(study, storage, trial, spec, opts, spec_path=spec_path, poll_seconds=poll_seconds,
-                          heartbeat_seconds=heartbeat_seconds, stop=stop)
+                          heartbeat_seconds=heartbeat_seconds, stop=stop, gate=gate)
         outcomes.append(outcome)
         if on_trial is not None:
             on_trial(outcome)
@@ -69,13 +83,19 @@ def run_search(spec: SweepSpec | str | Path, db_url: str | None = None, opts: ru
     total = planned_trials(spec.search, n_trials)
     seed = default_seed(spec.name) if seed is None else seed
     opts = (opts or runner.LaunchOptions()).but(db_url=url)
-    gpu_groups = _gpu_groups(workers, spec.budget.gpus) if opts.gpu_ids is None else None
     stop = stop or threading.Event()
+    # the workers' trials train fused where the spec says `fuse: shapes` (or `auto`, on a GPU): a search's trials
+    # differ in what it searches, and fuse when that does not change shapes (lr, weight decay, warm-up); `seeds`
+    # would group none. Fused, the workers may outnumber the GPUs (the gate puts each group on the least busy one)
+    fused = workers > 1 and (spec.fuse == "shapes" or (spec.fuse == "auto" and runner.visible_gpus() > 0))
+    gpu_groups = (_gpu_groups(workers, spec.budget.gpus, fused) if opts.gpu_ids is None else None)
+    gate = Gate(workers, spec.fuse, store.connect(url), spec.budget.gpus) if fused else None
 
     def worker(i: int) -> list[TrialOutcome]:
         worker_opts = opts.but(gpu_ids=gpu_groups[i]) if gpu_groups else opts
         return run_worker(spec, storage, worker_opts, total, seed=seed, spec_path=spec_path,
-                          poll_seconds=poll_seconds, heartbeat_seconds=heartbeat_seconds, on_trial=on_trial, stop=stop)
+                          poll_seconds=poll_seconds, heartbeat_seconds=heartbeat_seconds, on_trial=on_trial, stop=stop,
+                          gate=gate)
 
     if workers <= 1:
         return worker(0)
@@ -91,15 +111,16 @@ def run_search(spec: SweepSpec | str | Path, db_url: str | None = None, opts: ru
     return sorted((o for r in results for o in r), key=lambda o: o.number)
 
 
-def _gpu_groups(workers: int, gpus_per_trial: int) -> list[tuple[int, ...]] | None:
-    """Disjoint GPU ids per worker when this machine has enough GPUs for all of them; None on CPU."""
+def _gpu_groups(workers: int, gpus_per_trial: int, fused: bool = False) -> list[tuple[int, ...]] | None:
+    """Disjoint GPU ids per worker when this machine has enough GPUs for all of them; None on CPU, or when fused
+    workers outnumber the GPUs."""
     if workers <= 1:
         return None
     import torch
 
     count = torch.cuda.device_count()
     if count < workers * gpus_per_trial:
-        if count:
+        if count and not fused:
             raise AblateError(f"{workers} workers x {gpus_per_trial} GPUs per trial need {workers * gpus_per_trial} GPUs; "
                               f"this machine has {count}: use --workers {max(1, count // gpus_per_trial)}")
         return None

@@ -17,6 +17,7 @@ from ablate.config import SweepSpec, TrialConfig
 from ablate.plugins.stored import records_of
 from ablate.search.claims import COUNTED, requeue
 from ablate.search.follower import EvalFollower, follow_evals
+from ablate.search.gate import Gate
 from ablate.search.space import suggest_trial
 from ablate.search.study import HEARTBEAT_SECONDS
 
@@ -60,8 +61,9 @@ def _link(engine: sa.Engine, study: optuna.Study, run: store.Run, number: int) -
 def run_one(study: optuna.Study, storage: optuna.storages.RDBStorage, trial: optuna.Trial, spec: SweepSpec,
             opts: runner.LaunchOptions, *,
             spec_path: str | None = None, poll_seconds: float = 1.0, heartbeat_seconds: float = HEARTBEAT_SECONDS,
-            stop: threading.Event | None = None) -> TrialOutcome:
-    """Sample, register, train (or follow, or read) the trial's run, and tell the study how it went."""
+            stop: threading.Event | None = None, gate: Gate | None = None) -> TrialOutcome:
+    """Sample, register, train (or follow, or read) the trial's run, and tell the study how it went. `gate`: the
+    run trains fused with other workers' (ablate/search/gate.py)."""
     engine = store.connect(opts.db_url)
     try:
         config = suggest_trial(trial, spec)
@@ -81,8 +83,9 @@ def run_one(study: optuna.Study, storage: optuna.storages.RDBStorage, trial: opt
             follow_evals(engine, run_id, follower, poll_seconds)
             run = store.get_run(engine, run_id)
         if run.status not in store.FINISHED and not (stop is not None and stop.is_set()):
-            status = runner.run_trial(run_id, opts, should_stop=follower.should_stop, poll_seconds=poll_seconds,
-                                      statuses=store.OWED_UNSTARTED)
+            status = (gate.train(run_id, follower, opts, poll_seconds) if gate is not None else
+                      runner.run_trial(run_id, opts, should_stop=follower.should_stop, poll_seconds=poll_seconds,
+                                       statuses=store.OWED_UNSTARTED))
             if status == "preempted" and follower.pruned:
                 store.update_run(engine, run_id, status="pruned", finished_at=store.utcnow())
             elif status == "running":  # another process claimed it first: follow that one

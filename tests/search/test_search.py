@@ -57,24 +57,6 @@ def write_spec(tmp_path: Path, data: dict) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def shared_cache(tmp_path_factory) -> Path:
-    """Tokenizer and token caches shared by the module's tests (run directories stay per test)."""
-    root = tmp_path_factory.mktemp("cache")
-    (root / "tokenizers").mkdir()
-    (root / "tokens").mkdir()
-    return root
-
-
-@pytest.fixture
-def artifacts(tmp_path: Path, shared_cache: Path) -> Path:
-    art = tmp_path / "art"
-    art.mkdir()
-    for name in ("tokenizers", "tokens"):
-        (art / name).symlink_to(shared_cache / name, target_is_directory=True)
-    return art
-
-
 def study_of(url: str, name: str = "tiny-search") -> optuna.Study:
     return optuna.load_study(study_name=name, storage=search.open_storage(url))
 
